@@ -24,7 +24,7 @@ void ThreadPool::run_chunk(int chunk) {
   const int64_t end = n_ * (chunk + 1) / chunks_;
   if (begin >= end) return;
   try {
-    (*body_)(begin, end);
+    (*body_)(begin, end, chunk);
   } catch (...) {
     std::lock_guard lock(mutex_);
     if (!error_) error_ = std::current_exception();
@@ -49,9 +49,14 @@ void ThreadPool::worker_loop(int worker) {
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+  parallel_chunks(n, [&body](int64_t begin, int64_t end, int) { body(begin, end); });
+}
+
+void ThreadPool::parallel_chunks(int64_t n,
+                                 const std::function<void(int64_t, int64_t, int)>& body) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
-    body(0, n);
+    body(0, n, 0);
     return;
   }
   std::lock_guard loop(loop_mutex_);

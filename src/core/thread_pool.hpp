@@ -24,6 +24,9 @@ class ThreadPool {
   // Calls body(begin, end) over [0, n) split into at most size() contiguous chunks; the calling
   // thread takes a chunk too. The first exception thrown by a chunk is rethrown here.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body);
+  // As parallel_for, and tells each chunk its index in [0, size()), so a chunk can use
+  // per-thread scratch memory declared up front.
+  void parallel_chunks(int64_t n, const std::function<void(int64_t, int64_t, int)>& body);
 
  private:
   void worker_loop(int worker);
@@ -34,7 +37,7 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable start_;
   std::condition_variable done_;
-  const std::function<void(int64_t, int64_t)>* body_ = nullptr;
+  const std::function<void(int64_t, int64_t, int)>* body_ = nullptr;
   int64_t n_ = 0;
   int chunks_ = 0;
   int pending_ = 0;

@@ -1,0 +1,49 @@
+#pragma once
+// One MoE layer, built from a Plan and the model's weights; forward() runs the plan.
+
+#include <memory>
+
+#include "moekit/plan.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+// The model's weights for one layer, on the CPU, in any of f32, bf16, f16. The layer copies
+// (and converts to the plan's weight format) only what this rank holds.
+struct LayerWeights {
+  TensorView w13;              // [E, 2I, H]: gate rows, then up rows
+  TensorView w2;               // [E, H, I]
+  TensorView correction_bias;  // [E] f32, when spec.routing.correction_bias
+  TensorView shared_w13;       // [n_shared, 2 * shared_I, H], when spec.n_shared > 0
+  TensorView shared_w2;        // [n_shared, H, shared_I]
+};
+
+// Where forward() may also write the routing it used (logical expert ids).
+struct RoutingResult {
+  TensorView ids;      // int32 [T, top_k]
+  TensorView weights;  // f32 [T, top_k]
+};
+
+class MoeLayer {
+ public:
+  // Checks every weight's shape and dtype against the plan's spec (invalid_argument naming it),
+  // allocates the weights this rank holds and all scratch memory, once.
+  MoeLayer(const Plan& plan, const LayerWeights& weights);
+  ~MoeLayer();
+  MoeLayer(MoeLayer&&) noexcept;
+  MoeLayer& operator=(MoeLayer&&) noexcept;
+
+  // hidden: [T, H] f32/bf16/f16; router_logits: [T, E] f32/bf16/f16; output: [T, H], hidden's
+  // dtype. T may be 0 (nothing is done) and at most plan.options.max_tokens. Under expert
+  // parallelism the output is this rank's partial sum; the ranks' outputs add to the layer's.
+  void forward(const TensorView& hidden, const TensorView& router_logits, const TensorView& output,
+               const RoutingResult* routing = nullptr);
+
+  const Plan& plan() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moekit

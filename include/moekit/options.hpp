@@ -1,0 +1,64 @@
+#pragma once
+// How the user wants a layer deployed: the three axes (runner, a2a, weight format), the block
+// form, expert parallelism and the limits that size scratch memory.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+enum class RunnerKind { auto_, reference, cpu, cuda, hopper };
+enum class A2AKind { none, mpi, nccl };
+enum class WeightFormat { f32, f16, bf16, fp8_tensor, fp8_block, int4_group };
+enum class BlockForm { auto_, standard, overlapped, fused_slot };
+enum class FusedOps { auto_, off };
+
+std::string_view runner_name(RunnerKind kind);
+std::optional<RunnerKind> parse_runner(std::string_view name);
+std::string_view a2a_name(A2AKind kind);
+std::optional<A2AKind> parse_a2a(std::string_view name);
+std::string_view weight_format_name(WeightFormat format);
+std::optional<WeightFormat> parse_weight_format(std::string_view name);
+std::string_view block_form_name(BlockForm form);
+std::optional<BlockForm> parse_block_form(std::string_view name);
+
+inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference, RunnerKind::cpu,
+                                             RunnerKind::cuda, RunnerKind::hopper};
+inline constexpr A2AKind kAllA2A[] = {A2AKind::none, A2AKind::mpi, A2AKind::nccl};
+inline constexpr WeightFormat kAllWeightFormats[] = {
+    WeightFormat::f32,        WeightFormat::f16,       WeightFormat::bf16,
+    WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group};
+inline constexpr BlockForm kAllBlockForms[] = {BlockForm::auto_, BlockForm::standard,
+                                               BlockForm::overlapped, BlockForm::fused_slot};
+
+// Expert parallelism: rank r of `size` owns physical experts [r*L, (r+1)*L), L = physical/size.
+// `redundant` extra physical slots hold replicas of the hottest (here: the first) experts.
+struct ExpertParallel {
+  int size = 1;
+  int rank = 0;
+  int redundant = 0;
+
+  static ExpertParallel Single() { return {}; }
+  static ExpertParallel Rank(int size, int rank, int redundant = 0) { return {size, rank, redundant}; }
+};
+
+struct Options {
+  RunnerKind runner = RunnerKind::auto_;
+  A2AKind a2a = A2AKind::none;
+  WeightFormat weights = WeightFormat::bf16;
+  BlockForm form = BlockForm::auto_;
+  FusedOps fused_ops = FusedOps::auto_;
+  ExpertParallel ep;
+  Device device = Device::cpu();
+  bool strict = false;        // any fallback is an error
+  bool check_finite = true;   // refuse NaN/Inf in router logits and hidden states
+  int64_t max_tokens = 4096;  // the largest batch forward() accepts; sizes scratch memory
+  int threads = 0;            // CPU threads; 0 = all hardware threads
+};
+
+}  // namespace moekit

@@ -1,0 +1,155 @@
+#include "moekit/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "moekit/error.hpp"
+
+namespace moekit {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    std::string_view digits = text.substr(5);
+    int index = 0;
+    bool ok = !digits.empty() && digits.size() <= 3;
+    for (char c : digits) {
+      ok = ok && c >= '0' && c <= '9';
+      index = index * 10 + (c - '0');
+    }
+    if (ok) return cuda(index);
+  }
+  fail(Errc::invalid_argument, "device '{}' is not one of cpu, cuda, cuda:N", text);
+}
+
+std::string Device::str() const {
+  return kind == DeviceKind::cpu ? std::string("cpu") : fmt::format("cuda:{}", index);
+}
+
+Shape::Shape(std::initializer_list<int64_t> list) {
+  if (list.size() > static_cast<size_t>(kMaxRank)) {
+    fail(Errc::invalid_argument, "a shape has at most {} dimensions, got {}", kMaxRank, list.size());
+  }
+  for (int64_t d : list) dims[rank++] = d;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int axis = 0; axis < rank; ++axis) n *= dims[axis];
+  return n;
+}
+
+std::string Shape::str() const {
+  std::string text = "[";
+  for (int axis = 0; axis < rank; ++axis) {
+    text += fmt::format("{}{}", axis ? ", " : "", dims[axis]);
+  }
+  return text + "]";
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (rank != other.rank) return false;
+  for (int axis = 0; axis < rank; ++axis) {
+    if (dims[axis] != other.dims[axis]) return false;
+  }
+  return true;
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, Shape shape, Device device) {
+  TensorView view;
+  view.data = data;
+  view.dtype = dtype;
+  view.shape = shape;
+  view.device = device;
+  int64_t stride = 1;
+  for (int axis = shape.rank - 1; axis >= 0; --axis) {
+    view.strides[axis] = stride;
+    stride *= shape[axis];
+  }
+  return view;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t stride = 1;
+  for (int axis = shape.rank - 1; axis >= 0; --axis) {
+    if (shape[axis] != 1 && strides[axis] != stride) return false;
+    stride *= shape[axis];
+  }
+  return true;
+}
+
+std::string TensorView::describe() const {
+  return fmt::format("{}{} on {}", dtype_name(dtype), shape.str(), device.str());
+}
+
+TensorView TensorView::select(int64_t index) const {
+  if (rank() == 0 || index < 0 || index >= shape[0]) {
+    fail(Errc::internal, "select({}) out of range for {}", index, describe());
+  }
+  TensorView sub;
+  sub.dtype = dtype;
+  sub.device = device;
+  sub.shape.rank = rank() - 1;
+  for (int axis = 1; axis < rank(); ++axis) {
+    sub.shape.dims[axis - 1] = shape[axis];
+    sub.strides[axis - 1] = strides[axis];
+  }
+  const int64_t offset = dtype_storage_bytes(dtype, index * strides[0]);
+  sub.data = static_cast<char*>(data) + offset;
+  return sub;
+}
+
+Buffer Buffer::allocate(Device device, int64_t bytes) {
+  if (bytes < 0) fail(Errc::internal, "negative allocation of {} bytes", bytes);
+  if (device.kind != DeviceKind::cpu) {
+    fail(Errc::invalid_argument, "cannot allocate on {}: this build of moekit has no CUDA runtime",
+         device.str());
+  }
+  Buffer buffer;
+  buffer.device_ = device;
+  buffer.bytes_ = bytes;
+  if (bytes == 0) return buffer;
+  constexpr size_t kAlignment = 64;  // a cache line, and any SIMD load width
+  const size_t rounded = (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
+  buffer.data_ = std::aligned_alloc(kAlignment, rounded);
+  if (buffer.data_ == nullptr) {
+    fail(Errc::out_of_memory, "could not allocate {} bytes on {}", bytes, device.str());
+  }
+  return buffer;
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { std::free(data_); }
+
+Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
+  for (int axis = 0; axis < shape.rank; ++axis) {
+    if (shape[axis] < 0) fail(Errc::invalid_argument, "negative dimension in shape {}", shape.str());
+  }
+  Tensor tensor;
+  tensor.buffer_ = Buffer::allocate(device, dtype_storage_bytes(dtype, shape.numel()));
+  tensor.view_ = TensorView::contiguous(tensor.buffer_.data(), dtype, shape, device);
+  return tensor;
+}
+
+void Tensor::fill_bytes(uint8_t value) {
+  if (buffer_.bytes() > 0) std::memset(buffer_.data(), value, static_cast<size_t>(buffer_.bytes()));
+}
+
+}  // namespace moekit

@@ -1,0 +1,32 @@
+#pragma once
+// Layer 2: the physical experts this rank holds, with their quant method, dispatcher and runner,
+// built in that order (the dispatcher may depend on the quant method's activation format).
+
+#include <memory>
+#include <vector>
+
+#include "dispatch/dispatcher.hpp"
+#include "quant/quant_method.hpp"
+#include "runner/experts_runner.hpp"
+
+namespace moekit {
+
+class ExpertsLayer {
+ public:
+  ExpertsLayer(const Plan& plan, const ExpertsProblem& problem, std::vector<int32_t> global_to_local);
+
+  void load(int slot, const TensorView& gate, const TensorView& up, const TensorView& down);
+
+  // global_ids / weights: [T, problem.columns]. Writes the weighted sum to combined [T, H] f32.
+  void forward(const TensorView& hidden, const int32_t* global_ids, const float* weights,
+               float* combined, ThreadPool& pool);
+
+ private:
+  ExpertsProblem problem_;
+  std::unique_ptr<QuantMethod> quant_;
+  StandardDispatcher dispatcher_;
+  ExpertsRunner runner_;
+  Buffer scratch_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,67 @@
+#include <fmt/format.h>
+
+#include "core/names.hpp"
+#include "moekit/plan.hpp"
+
+namespace moekit {
+namespace {
+
+constexpr NameTable<PlanLayer, 6> kLayers = {{PlanLayer::model, "model"},
+                                             {PlanLayer::block, "1 block"},
+                                             {PlanLayer::experts, "2 experts"},
+                                             {PlanLayer::dispatcher, "3 dispatcher"},
+                                             {PlanLayer::runner, "4 runner"},
+                                             {PlanLayer::quant, "5 quant method"}};
+
+}  // namespace
+
+std::string_view plan_layer_name(PlanLayer layer) { return name_of(layer, kLayers); }
+
+std::string_view dispatcher_name(DispatcherKind kind) {
+  switch (kind) {
+    case DispatcherKind::standard: return "standard";
+  }
+  return "?";
+}
+
+std::string_view runner_format_name(RunnerFormat format) {
+  switch (format) {
+    case RunnerFormat::standard: return "standard";
+    case RunnerFormat::contiguous: return "contiguous";
+  }
+  return "?";
+}
+
+std::vector<const Decision*> Plan::fallbacks() const {
+  std::vector<const Decision*> found;
+  for (const Decision& d : decisions) {
+    if (d.fallback) found.push_back(&d);
+  }
+  return found;
+}
+
+std::string Plan::explain() const {
+  const Options& o = options;
+  std::string text = fmt::format("plan for {}\n", spec.summary());
+  text += fmt::format("  platform: {}\n", platform.summary());
+  text += fmt::format(
+      "  options:  runner={} a2a={} weights={} form={} ep={}/{} (+{} redundant) device={} "
+      "strict={} max_tokens={} threads={}\n",
+      runner_name(o.runner), a2a_name(o.a2a), weight_format_name(o.weights), block_form_name(o.form),
+      o.ep.rank, o.ep.size, o.ep.redundant, o.device.str(), o.strict ? "yes" : "no", o.max_tokens,
+      threads);
+  for (const Decision& d : decisions) {
+    text += fmt::format("  {:<15} {:<15} {}\n", plan_layer_name(d.layer), d.topic, d.choice);
+    if (!d.reason.empty()) text += fmt::format("  {:<31} why: {}\n", "", d.reason);
+    for (const Rejected& r : d.rejected) {
+      text += fmt::format("  {:<31} not {}: {}\n", "", r.candidate, r.reason);
+    }
+    if (d.fallback) text += fmt::format("  {:<31} FALLBACK: {}\n", "", *d.fallback);
+  }
+  const auto found = fallbacks();
+  text += found.empty() ? "  fallbacks: none\n"
+                        : fmt::format("  fallbacks: {} (--strict would refuse this plan)\n", found.size());
+  return text;
+}
+
+}  // namespace moekit

@@ -1,0 +1,282 @@
+// resolve(): walks the layers in construction order (block, experts, quant method, dispatcher,
+// runner), asks every candidate backend whether it supports this deployment, and records each
+// answer. Nothing here touches weights or the machine.
+
+#include <algorithm>
+
+#include "core/names.hpp"
+#include "moekit/error.hpp"
+#include "moekit/plan.hpp"
+#include "plan/capability.hpp"
+#include "quant/quant_method.hpp"
+#include "runner/registry.hpp"
+
+namespace moekit {
+namespace {
+
+[[noreturn]] void refuse(const std::string& axes, const std::string& reason, const std::string& legal) {
+  fail(Errc::config_refused, "refused: {}: {}; legal here: {}", axes, reason, legal);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text.empty() ? "none" : text;
+}
+
+// A fallback is allowed but never silent; with strict it is an error.
+void record_fallback(Plan& plan, Decision decision, const std::string& asked) {
+  if (plan.options.strict) {
+    fail(Errc::config_refused, "refused under --strict: {} {} asked, but {}", decision.topic, asked,
+         decision.reason);
+  }
+  decision.fallback = fmt::format("{} asked; using {}", asked, decision.choice);
+  plan.decisions.push_back(std::move(decision));
+}
+
+void check_options(const Options& options) {
+  if (options.max_tokens < 1) {
+    refuse(fmt::format("max_tokens={}", options.max_tokens), "a layer must accept at least one token",
+           "max_tokens >= 1");
+  }
+  if (options.threads < 0) {
+    refuse(fmt::format("threads={}", options.threads), "negative thread count", "0 (all) or more");
+  }
+}
+
+void decide_block(Plan& plan) {
+  const ModelSpec& spec = plan.spec;
+  const BlockForm asked = plan.options.form;
+  Decision d{PlanLayer::block, "form", "", "", {}, std::nullopt};
+  if (spec.n_shared == 0) {
+    d.choice = "standard";
+    d.reason = "no shared experts: the routed sum is the layer's output";
+    plan.form = BlockForm::standard;
+    if (asked == BlockForm::overlapped || asked == BlockForm::fused_slot) {
+      return record_fallback(plan, d, std::string(block_form_name(asked)));
+    }
+    plan.decisions.push_back(d);
+    return;
+  }
+  const bool slots_fit = spec.shared_intermediate % spec.intermediate == 0;
+  const std::string slot_reason =
+      slots_fit ? fmt::format("each shared expert (I={}) becomes {} slot(s) of the routed I={}",
+                              spec.shared_intermediate, spec.shared_intermediate / spec.intermediate,
+                              spec.intermediate)
+                : fmt::format("shared I={} is not a multiple of the routed I={}, so a shared expert "
+                              "cannot be split into expert slots",
+                              spec.shared_intermediate, spec.intermediate);
+  switch (asked) {
+    case BlockForm::auto_:
+      plan.form = BlockForm::standard;
+      d.choice = "standard";
+      d.reason = "auto: on the CPU the routed experts already use every thread, so a second "
+                 "thread for the shared experts would only compete with them";
+      d.rejected = {{"overlapped", "no spare compute to overlap with on the CPU"},
+                    {"fused-slot", slots_fit ? "auto keeps the shared MLP separate on the CPU" : slot_reason}};
+      break;
+    case BlockForm::standard:
+      plan.form = BlockForm::standard;
+      d.choice = "standard";
+      d.reason = "asked: shared experts computed after the routed ones and added to their sum";
+      break;
+    case BlockForm::overlapped:
+      plan.form = BlockForm::overlapped;
+      d.choice = "overlapped";
+      d.reason = "asked: shared experts computed on a second thread while the routed ones run";
+      break;
+    case BlockForm::fused_slot:
+      if (!slots_fit) {
+        plan.form = BlockForm::standard;
+        d.choice = "standard";
+        d.reason = slot_reason;
+        return record_fallback(plan, d, "fused-slot");
+      }
+      plan.form = BlockForm::fused_slot;
+      d.choice = "fused-slot";
+      d.reason = "asked: " + slot_reason + ", every token routed to them with weight 1";
+      break;
+  }
+  plan.decisions.push_back(d);
+}
+
+void decide_experts(Plan& plan) {
+  const ModelSpec& spec = plan.spec;
+  const ExpertParallel& ep = plan.options.ep;
+  plan.location = ExpertLocation::build(spec.n_experts, ep);
+  plan.local_routed = plan.location.per_rank();
+  plan.first_local = ep.rank * plan.local_routed;
+  std::string reason = fmt::format("{} logical experts in {} physical slots over {} rank(s)",
+                                   spec.n_experts, plan.location.physical, ep.size);
+  if (ep.redundant > 0) reason += fmt::format(", {} redundant replica(s)", ep.redundant);
+  plan.decisions.push_back({PlanLayer::experts, "local experts",
+                            fmt::format("physical [{}, {}) on rank {}", plan.first_local,
+                                        plan.first_local + plan.local_routed, ep.rank),
+                            reason, {}, std::nullopt});
+  if (plan.form == BlockForm::fused_slot) {
+    plan.shared_slots = spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
+    plan.shared_slot_weight = 1.0f / static_cast<float>(ep.size);
+    plan.decisions.push_back(
+        {PlanLayer::experts, "shared slots", fmt::format("{} slot(s) on every rank", plan.shared_slots),
+         fmt::format("each rank computes the shared experts for every token with weight 1/{}, so "
+                     "the ranks' sum adds them once",
+                     ep.size),
+         {}, std::nullopt});
+  } else if (spec.n_shared > 0) {
+    plan.adds_shared_output = ep.rank == 0;
+    plan.decisions.push_back(
+        {PlanLayer::experts, "shared experts",
+         plan.adds_shared_output ? "added on this rank" : "added on rank 0, not here",
+         "every rank sees every token here, so one rank adds the shared output to the sum", {},
+         std::nullopt});
+  }
+}
+
+std::string built_formats() {
+  std::vector<std::string> names;
+  for (const QuantEntry& entry : quant_table()) names.emplace_back(weight_format_name(entry.format));
+  return join(names);
+}
+
+// Which runners could take this deployment, each with its reason.
+Capability runner_capability(RunnerKind kind, const Deployment& deployment, const QuantEntry& quant) {
+  const CoreEntry* core = find_core(kind);
+  if (core == nullptr) {
+    return Capability::No(fmt::format("the {} runner is not built in this version of moekit",
+                                      runner_name(kind)));
+  }
+  if (Capability c = core->supports(deployment); !c.ok) return c;
+  return quant.supports_runner(kind);
+}
+
+void decide_quant_and_runner(Plan& plan) {
+  const Options& options = plan.options;
+  const QuantEntry* quant = find_quant(options.weights);
+  if (quant == nullptr) {
+    refuse(fmt::format("weights={}", weight_format_name(options.weights)),
+           "no quant method for this format is built in this version of moekit", built_formats());
+  }
+  plan.weights = options.weights;
+  plan.decisions.push_back({PlanLayer::quant, "method", std::string(weight_format_name(plan.weights)),
+                            QuantParams::Unquantized(plan.weights).describe(), {}, std::nullopt});
+
+  const Deployment deployment{plan.spec, options, plan.platform, plan.weights};
+  constexpr RunnerKind kPreference[] = {RunnerKind::cpu, RunnerKind::reference, RunnerKind::cuda,
+                                        RunnerKind::hopper};
+  std::vector<std::string> legal;
+  std::vector<Rejected> rejected;
+  std::optional<RunnerKind> first_ok;
+  for (RunnerKind kind : kPreference) {
+    Capability c = runner_capability(kind, deployment, *quant);
+    if (c.ok) {
+      legal.emplace_back(runner_name(kind));
+      if (!first_ok) first_ok = kind;
+    } else {
+      rejected.push_back({std::string(runner_name(kind)), c.reason});
+    }
+  }
+  const std::string legal_text = legal.empty() ? "none" : "auto, " + join(legal);
+  const std::string axes = fmt::format("runner={} with weights={} on device={}", runner_name(options.runner),
+                                       weight_format_name(plan.weights), options.device.str());
+  if (options.runner == RunnerKind::auto_) {
+    if (!first_ok) refuse(axes, "no built runner supports this deployment", "device=cpu");
+    plan.runner = *first_ok;
+    plan.decisions.push_back({PlanLayer::quant, "runner", std::string(runner_name(plan.runner)),
+                              "auto: the fastest built runner that reads these weights here",
+                              rejected, std::nullopt});
+    return;
+  }
+  Capability asked = runner_capability(options.runner, deployment, *quant);
+  if (!asked.ok) refuse(axes, asked.reason, "runners " + legal_text);
+  plan.runner = options.runner;
+  std::erase_if(rejected, [&](const Rejected& r) { return r.candidate == runner_name(plan.runner); });
+  plan.decisions.push_back({PlanLayer::quant, "runner", std::string(runner_name(plan.runner)),
+                            "asked: " + asked.reason, {}, std::nullopt});
+}
+
+void decide_dispatcher(Plan& plan) {
+  const Options& options = plan.options;
+  if (options.a2a != A2AKind::none) {
+    refuse(fmt::format("a2a={} with ep size {}", a2a_name(options.a2a), options.ep.size),
+           fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
+           "a2a none (each rank computes its experts for every token; the caller sums the ranks)");
+  }
+  plan.dispatcher = DispatcherKind::standard;
+  plan.dispatch_format = DispatchFormat::standard;
+  const std::string reason =
+      options.ep.size == 1
+          ? "a2a none, one rank: rows stay here and every expert id is local"
+          : "a2a none: rows stay here; global expert ids map to this rank's slots or -1, and the "
+            "ranks' partial outputs add up to the layer's output";
+  plan.decisions.push_back({PlanLayer::dispatcher, "dispatcher", "standard", reason,
+                            {{"mpi", "not built"}, {"nccl", "not built"}}, std::nullopt});
+}
+
+void decide_runner_pipeline(Plan& plan) {
+  const Options& options = plan.options;
+  const Deployment deployment{plan.spec, options, plan.platform, plan.weights};
+  const CoreEntry* core = find_core(plan.runner);
+  plan.core_format = core->format;
+  if (const FusedOpEntry* fused = find_fused_op(options.a2a, plan.runner)) {
+    if (options.fused_ops == FusedOps::off) {
+      plan.decisions.push_back({PlanLayer::runner, "fused op", "none",
+                                fmt::format("{} is registered but fused ops are off", fused->name),
+                                {}, std::nullopt});
+    } else if (Capability c = fused->supports(deployment); c.ok) {
+      plan.fused_op = std::string(fused->name);
+      plan.decisions.push_back({PlanLayer::runner, "fused op", plan.fused_op.value(), c.reason, {},
+                                std::nullopt});
+      return;
+    } else {
+      plan.decisions.push_back({PlanLayer::runner, "fused op", "none", "", {{std::string(fused->name), c.reason}},
+                                std::nullopt});
+    }
+  }
+  const PrePermuteEntry* pre = find_pre_permute(plan.dispatch_format, plan.core_format);
+  const PostPermuteEntry* post = find_post_permute(plan.core_format, plan.dispatch_format);
+  if (pre == nullptr || post == nullptr) {
+    fail(Errc::internal, "no permute between dispatch format standard and core format {}",
+         runner_format_name(plan.core_format));
+  }
+  plan.decisions.push_back({PlanLayer::runner, "core",
+                            fmt::format("{} ({} format)", runner_name(plan.runner),
+                                        runner_format_name(plan.core_format)),
+                            core->supports(deployment).reason, {}, std::nullopt});
+  plan.decisions.push_back({PlanLayer::runner, "permutes",
+                            fmt::format("pre: {}; post: {}", pre->name, post->name),
+                            "from the dispatcher's standard format to the core's and back", {},
+                            std::nullopt});
+}
+
+}  // namespace
+
+Plan resolve(const ModelSpec& spec, const Options& options, const Platform& platform) {
+  if (std::vector<std::string> problems = spec.problems(); !problems.empty()) {
+    fail(Errc::config_refused, "refused: model spec '{}' cannot describe a layer: {}", spec.name,
+         join(problems));
+  }
+  check_options(options);
+  Plan plan;
+  plan.spec = spec;
+  plan.options = options;
+  plan.platform = platform;
+  plan.threads = options.threads > 0 ? options.threads : platform.cpu_threads;
+  plan.decisions.push_back({PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
+  decide_block(plan);
+  decide_experts(plan);
+  decide_quant_and_runner(plan);
+  decide_dispatcher(plan);
+  decide_runner_pipeline(plan);
+  return plan;
+}
+
+Resolution try_resolve(const ModelSpec& spec, const Options& options, const Platform& platform) {
+  try {
+    return {resolve(spec, options, platform), ""};
+  } catch (const Error& e) {
+    if (e.code() != Errc::config_refused) throw;
+    return {std::nullopt, e.what()};
+  }
+}
+
+}  // namespace moekit

@@ -1,0 +1,107 @@
+// The fused op for (a2a none, cpu) on decode batches: each (token, expert) pair computes its
+// MLP straight from the token's hidden row and scales it by the routing weight; a second pass
+// adds each token's pairs. No gather into expert order, no row index.
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/thread_pool.hpp"
+#include "runner/kernels.hpp"
+#include "runner/registry.hpp"
+#include "runner/scratch.hpp"
+
+namespace moekit {
+namespace {
+
+class CpuDecodeOp final : public FusedOp {
+ public:
+  explicit CpuDecodeOp(const ExpertsProblem& problem) : p_(problem) {
+    ScratchCarver worker;
+    carve_worker(worker);
+    worker_bytes_ = worker.bytes();
+    pairs_bytes_ = scratch_align(p_.max_rows() * p_.hidden * static_cast<int64_t>(sizeof(float)));
+  }
+
+  int64_t scratch_bytes() const override { return pairs_bytes_ + worker_bytes_ * p_.threads; }
+
+  void run(const DispatchOutput& input, const CoreWeights& weights, float* combined, void* scratch,
+           ThreadPool& pool) const override {
+    const int64_t H = p_.hidden;
+    const int64_t I = p_.intermediate;
+    auto* pairs = static_cast<float*>(scratch);
+    void* workers = static_cast<char*>(scratch) + pairs_bytes_;
+    pool.parallel_chunks(input.tokens * input.columns, [&](int64_t begin, int64_t end, int worker) {
+      ScratchCarver carver(worker_scratch(workers, worker_bytes_, worker));
+      const Worker w = carve_worker(carver);
+      for (int64_t e = begin; e < end; ++e) {
+        const int32_t slot = input.slots[e];
+        if (slot < 0) continue;
+        kernels::activation_row(input.hidden, e / input.columns, w.x);
+        for (int64_t i = 0; i < I; ++i) {
+          kernels::weight_row(weights.w13, slot, i, w.row);
+          const float gate = kernels::dot(w.row, w.x, H);
+          kernels::weight_row(weights.w13, slot, I + i, w.row);
+          w.act[i] = kernels::activate(p_.activation, gate, kernels::dot(w.row, w.x, H));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          kernels::weight_row(weights.w2, slot, h, w.row);
+          pairs[e * H + h] = input.weights[e] * kernels::dot(w.row, w.act, I);
+        }
+      }
+    });
+    pool.parallel_for(input.tokens, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* out = combined + t * H;
+        std::fill(out, out + H, 0.0f);
+        for (int j = 0; j < input.columns; ++j) {
+          const int64_t e = t * input.columns + j;
+          if (input.slots[e] < 0) continue;
+          for (int64_t h = 0; h < H; ++h) out[h] += pairs[e * H + h];
+        }
+      }
+    });
+  }
+
+ private:
+  struct Worker {
+    float* x;    // the token's hidden row
+    float* act;  // [I]
+    float* row;  // one weight row
+  };
+  Worker carve_worker(ScratchCarver& carver) const {
+    return {carver.take<float>(p_.hidden), carver.take<float>(p_.intermediate),
+            carver.take<float>(std::max(p_.hidden, p_.intermediate))};
+  }
+
+  ExpertsProblem p_;
+  int64_t worker_bytes_ = 0;
+  int64_t pairs_bytes_ = 0;
+};
+
+}  // namespace
+
+// Grouping rows by expert pays when tokens share experts. At or below this many tokens per
+// batch two tokens rarely share one of the many experts of the models we serve, so the group
+// step costs a gather and buys nothing.
+constexpr int64_t kDecodeMaxTokens = 4;
+
+Capability cpu_decode_supports(const Deployment& deployment) {
+  if (deployment.options.device.kind != DeviceKind::cpu) {
+    return Capability::No("computes on the CPU only");
+  }
+  if (deployment.options.max_tokens > kDecodeMaxTokens) {
+    return Capability::No(fmt::format(
+        "a decode op: max_tokens {} > {}, where grouping rows by expert reads each expert once",
+        deployment.options.max_tokens, kDecodeMaxTokens));
+  }
+  return Capability::Yes(fmt::format(
+      "max_tokens {} <= {}: tokens rarely share experts, so no gather into expert order",
+      deployment.options.max_tokens, kDecodeMaxTokens));
+}
+
+std::unique_ptr<FusedOp> make_cpu_decode_op(const ExpertsProblem& problem) {
+  return std::make_unique<CpuDecodeOp>(problem);
+}
+
+}  // namespace moekit

@@ -1,0 +1,101 @@
+// The oracle: plain loops, float64 accumulation, one token at a time in the standard format.
+// Every other core is tested against it; it is written for obviousness, not speed.
+
+#include <algorithm>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "runner/kernels.hpp"
+#include "runner/registry.hpp"
+#include "runner/scratch.hpp"
+
+namespace moekit {
+namespace {
+
+class ReferenceCore final : public RunnerCore {
+ public:
+  explicit ReferenceCore(const ExpertsProblem& problem) : p_(problem) {
+    ScratchCarver counter;
+    carve(counter);
+    worker_bytes_ = counter.bytes();
+  }
+
+  RunnerFormat format() const override { return RunnerFormat::standard; }
+
+  int64_t scratch_bytes() const override { return worker_bytes_ * p_.threads; }
+
+  void run(RunnerBatch& batch, const CoreWeights& weights, void* scratch,
+           ThreadPool& pool) const override {
+    const DispatchOutput& in = *batch.standard;
+    pool.parallel_chunks(in.tokens, [&](int64_t begin, int64_t end, int worker) {
+      ScratchCarver carver(worker_scratch(scratch, worker_bytes_, worker));
+      const Buffers buffers = carve(carver);
+      for (int64_t t = begin; t < end; ++t) run_token(in, t, weights, buffers, batch.combined);
+    });
+  }
+
+ private:
+  struct Buffers {
+    float* row;      // one weight or hidden row, widened to f32
+    double* x;       // [H]
+    double* act;     // [I]
+    double* acc;     // [H]
+  };
+
+  Buffers carve(ScratchCarver& scratch) const {
+    return {scratch.take<float>(std::max(p_.hidden, p_.intermediate)),
+            scratch.take<double>(p_.hidden), scratch.take<double>(p_.intermediate),
+            scratch.take<double>(p_.hidden)};
+  }
+
+  void run_token(const DispatchOutput& in, int64_t t, const CoreWeights& w, const Buffers& b,
+                 float* combined) const {
+    const int64_t H = p_.hidden;
+    const int64_t I = p_.intermediate;
+    kernels::activation_row(in.hidden, t, b.row);
+    for (int64_t h = 0; h < H; ++h) b.x[h] = b.row[h];
+    std::fill(b.acc, b.acc + H, 0.0);
+    for (int j = 0; j < in.columns; ++j) {
+      const int32_t slot = in.slots[t * in.columns + j];
+      if (slot < 0) continue;
+      for (int64_t i = 0; i < I; ++i) {
+        const double gate = dot_row(w.w13, slot, i, b);
+        const double up = dot_row(w.w13, slot, I + i, b);
+        b.act[i] = kernels::activate(p_.activation, gate, up);
+      }
+      const double weight = in.weights[t * in.columns + j];
+      for (int64_t h = 0; h < H; ++h) {
+        kernels::weight_row(w.w2, slot, h, b.row);
+        double y = 0.0;
+        for (int64_t i = 0; i < I; ++i) y += static_cast<double>(b.row[i]) * b.act[i];
+        b.acc[h] += weight * y;
+      }
+    }
+    for (int64_t h = 0; h < H; ++h) combined[t * H + h] = static_cast<float>(b.acc[h]);
+  }
+
+  double dot_row(const TensorView& w13, int32_t slot, int64_t row, const Buffers& b) const {
+    kernels::weight_row(w13, slot, row, b.row);
+    double sum = 0.0;
+    for (int64_t h = 0; h < p_.hidden; ++h) sum += static_cast<double>(b.row[h]) * b.x[h];
+    return sum;
+  }
+
+  ExpertsProblem p_;
+  int64_t worker_bytes_ = 0;
+};
+
+}  // namespace
+
+Capability reference_supports(const Deployment& deployment) {
+  if (deployment.options.device.kind != DeviceKind::cpu) {
+    return Capability::No("the reference core runs on the CPU only");
+  }
+  return Capability::Yes("plain loops with float64 accumulation: the oracle");
+}
+
+std::unique_ptr<RunnerCore> make_reference_core(const ExpertsProblem& problem) {
+  return std::make_unique<ReferenceCore>(problem);
+}
+
+}  // namespace moekit
