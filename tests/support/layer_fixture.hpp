@@ -1,0 +1,78 @@
+#pragma once
+// Builds small layers and runs them with poisoned outputs, for the layer and matrix tests.
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "moekit/error.hpp"
+#include "moekit/layer.hpp"
+#include "moekit/testing.hpp"
+#include "support/oracle.hpp"
+
+namespace moekit::test {
+
+inline constexpr uint8_t kPoison = 0xD5;
+
+// A DeepSeek-V3-shaped layer small enough for float64 oracles: grouped sigmoid routing with a
+// correction bias, scaling, and one shared expert twice as wide as a routed one.
+inline ModelSpec small_dsv3() {
+  ModelSpec spec = ModelSpec::preset("dsv3");
+  spec.name = "small-dsv3";
+  spec.hidden = 48;
+  spec.intermediate = 16;
+  spec.n_experts = 16;
+  spec.routing.n_group = 4;
+  spec.routing.topk_group = 2;
+  spec.routing.top_k = 4;
+  spec.shared_intermediate = 32;
+  return spec;
+}
+
+inline DType storage_dtype(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::f32: return DType::f32;
+    case WeightFormat::f16: return DType::f16;
+    default: return DType::bf16;
+  }
+}
+
+struct Inputs {
+  Tensor hidden;
+  Tensor logits;
+};
+
+inline Inputs random_inputs(const ModelSpec& spec, int64_t tokens, DType hidden_dtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return {random_tensor({tokens, spec.hidden}, hidden_dtype, rng),
+          random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f)};
+}
+
+struct LayerRun {
+  Tensor output;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// One forward with the output poisoned first, so an element the layer does not write fails.
+inline LayerRun run_layer(MoeLayer& layer, const Inputs& in) {
+  const ModelSpec& spec = layer.plan().spec;
+  const int64_t T = in.hidden.view().dim(0), k = spec.routing.top_k;
+  LayerRun run{Tensor::empty(in.hidden.view().dtype, {T, spec.hidden}), std::vector<int32_t>(T * k, -1),
+          std::vector<float>(T * k, NAN)};
+  run.output.fill_bytes(kPoison);
+  const RoutingResult routing{TensorView::contiguous(run.ids.data(), DType::i32, {T, k}),
+                              TensorView::contiguous(run.weights.data(), DType::f32, {T, k})};
+  layer.forward(in.hidden, in.logits, run.output, &routing);
+  return run;
+}
+
+inline LayerRun run_plan(const Plan& plan, const LayerWeights& weights, const Inputs& in) {
+  MoeLayer layer(plan, weights);
+  return run_layer(layer, in);
+}
+
+inline std::vector<double> as_doubles(const Tensor& t) { return to_doubles(t.view()); }
+
+}  // namespace moekit::test
