@@ -1,0 +1,120 @@
+// resolve(): what it picks, what it refuses and why, and that it is pure.
+
+#include <gtest/gtest.h>
+
+#include "moekit/error.hpp"
+#include "moekit/plan.hpp"
+#include "support/layer_fixture.hpp"
+
+namespace moekit::test {
+namespace {
+
+std::string refusal(const ModelSpec& spec, const Options& options) {
+  const Resolution r = try_resolve(spec, options, Platform::cpu_only(2));
+  EXPECT_FALSE(r.plan.has_value()) << "expected a refusal";
+  return r.refusal;
+}
+
+void expect_mentions(const std::string& text, std::initializer_list<const char*> fragments) {
+  for (const char* fragment : fragments) {
+    EXPECT_NE(text.find(fragment), std::string::npos) << "'" << text << "' lacks '" << fragment << "'";
+  }
+}
+
+TEST(Resolve, AutoPicksTheCpuCoreOnACpuMachine) {
+  const Plan plan = resolve(small_dsv3(), Options{}, Platform::cpu_only(2));
+  EXPECT_EQ(plan.runner, RunnerKind::cpu);
+  EXPECT_EQ(plan.form, BlockForm::standard);
+  EXPECT_TRUE(plan.fallbacks().empty());
+}
+
+TEST(Resolve, UnbuiltGpuRunnerIsRefusedWithTheLegalAlternatives) {
+  Options options;
+  options.runner = RunnerKind::cuda;
+  expect_mentions(refusal(small_dsv3(), options), {"runner=cuda", "not built", "cpu", "reference"});
+  options.runner = RunnerKind::hopper;
+  expect_mentions(refusal(small_dsv3(), options), {"runner=hopper", "not built"});
+}
+
+TEST(Resolve, GpuDeviceWithoutAGpuRunnerIsRefused) {
+  Options options;
+  options.device = Device::cuda(0);
+  expect_mentions(refusal(small_dsv3(), options), {"device=cuda:0", "device=cpu"});
+}
+
+TEST(Resolve, UnbuiltCommunicationIsRefused) {
+  Options options;
+  options.ep = ExpertParallel::Rank(2, 0);
+  for (A2AKind a2a : {A2AKind::mpi, A2AKind::nccl}) {
+    options.a2a = a2a;
+    expect_mentions(refusal(small_dsv3(), options), {a2a_name(a2a).data(), "a2a none"});
+  }
+}
+
+TEST(Resolve, UnbuiltWeightFormatIsRefusedNamingTheBuiltOnes) {
+  Options options;
+  for (WeightFormat format : {WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group}) {
+    options.weights = format;
+    expect_mentions(refusal(small_dsv3(), options), {weight_format_name(format).data(), "f32, f16, bf16"});
+  }
+}
+
+struct ImpossibleSpec {
+  const char* name;
+  void (*spoil)(ModelSpec&);
+  const char* fragment;
+};
+
+TEST(Resolve, ImpossibleSpecsAreRefused) {
+  const ImpossibleSpec cases[] = {
+      {"top-k above experts", [](ModelSpec& s) { s.routing.top_k = s.n_experts + 1; }, "top-k"},
+      {"groups do not divide", [](ModelSpec& s) { s.routing.n_group = 5; }, "does not divide"},
+      {"topk_group too small", [](ModelSpec& s) { s.routing.topk_group = 1; s.routing.top_k = 5; },
+       "cannot hold top-k"},
+      {"topk_group above n_group", [](ModelSpec& s) { s.routing.topk_group = 5; }, "topk_group"},
+      {"no hidden size", [](ModelSpec& s) { s.hidden = 0; }, "hidden size"},
+      {"shared without width", [](ModelSpec& s) { s.shared_intermediate = 0; }, "shared experts"},
+  };
+  for (const ImpossibleSpec& c : cases) {
+    ModelSpec spec = small_dsv3();
+    c.spoil(spec);
+    expect_mentions(refusal(spec, Options{}), {"model spec", c.fragment});
+  }
+}
+
+TEST(Resolve, FallbackIsRecordedAndStrictRefusesIt) {
+  ModelSpec spec = small_dsv3();
+  spec.n_shared = 0;
+  Options options;
+  options.form = BlockForm::overlapped;
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  ASSERT_EQ(plan.fallbacks().size(), 1u);
+  EXPECT_NE(plan.explain().find("FALLBACK"), std::string::npos);
+  options.strict = true;
+  expect_mentions(refusal(spec, options), {"--strict", "overlapped"});
+}
+
+TEST(Resolve, ExplainShowsTheFiveLayersWithReasons) {
+  const std::string text = resolve(small_dsv3(), Options{}, Platform::cpu_only(2)).explain();
+  expect_mentions(text, {"1 block", "2 experts", "3 dispatcher", "4 runner", "5 quant method", "why:"});
+}
+
+TEST(Resolve, IsPure) {
+  Options options;
+  options.ep = ExpertParallel::Rank(4, 1, 4);
+  const Plan a = resolve(small_dsv3(), options, Platform::cpu_only(2));
+  const Plan b = resolve(small_dsv3(), options, Platform::cpu_only(2));
+  EXPECT_EQ(a.explain(), b.explain());
+}
+
+TEST(Resolve, BadOptionsAreRefused) {
+  Options options;
+  options.max_tokens = 0;
+  expect_mentions(refusal(small_dsv3(), options), {"max_tokens"});
+  options = Options{};
+  options.ep = ExpertParallel::Rank(2, 2);
+  expect_mentions(refusal(small_dsv3(), options), {"rank 2"});
+}
+
+}  // namespace
+}  // namespace moekit::test
