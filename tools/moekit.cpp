@@ -67,7 +67,8 @@ struct PlanFlags {
 
   template <typename T>
   static T parse(std::optional<T> value, const char* flag, const std::string& text) {
-    if (!value) fail(Errc::invalid_argument, "{} '{}' is not a known value (see --help)", flag, text);
+    if (!value)
+      fail(Errc::invalid_argument, "{} '{}' is not a known value (see --help)", flag, text);
     return *value;
   }
 
@@ -92,9 +93,12 @@ struct PlanFlags {
 
 DType storage_dtype(WeightFormat format) {
   switch (format) {
-    case WeightFormat::f32: return DType::f32;
-    case WeightFormat::f16: return DType::f16;
-    default: return DType::bf16;
+    case WeightFormat::f32:
+      return DType::f32;
+    case WeightFormat::f16:
+      return DType::f16;
+    default:
+      return DType::bf16;
   }
 }
 
@@ -132,7 +136,8 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     layer.forward(hidden, logits, output);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   const double time = median(seconds);
   const double flops = 6.0 * static_cast<double>(tokens) *
@@ -141,10 +146,11 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
 
                        static_cast<double>(spec.hidden);
   const bool ok = error < 2e-2;  // bf16 output: a few ulps of bf16 on the sum
-  std::printf("result: %lld tokens, relative L2 error vs reference %.2e (%s, bf16 tolerance 2e-2)\n",
-              static_cast<long long>(tokens), error, ok ? "ok" : "FAILED");
-  std::printf("speed:  %.2f ms per forward (median of %d), %.0f tokens/s, %.1f GFLOP/s\n", time * 1e3,
-              repeats, static_cast<double>(tokens) / time, flops / time * 1e-9);
+  std::printf(
+      "result: %lld tokens, relative L2 error vs reference %.2e (%s, bf16 tolerance 2e-2)\n",
+      static_cast<long long>(tokens), error, ok ? "ok" : "FAILED");
+  std::printf("speed:  %.2f ms per forward (median of %d), %.0f tokens/s, %.1f GFLOP/s\n",
+              time * 1e3, repeats, static_cast<double>(tokens) / time, flops / time * 1e-9);
   return ok ? 0 : kExitError;
 }
 
@@ -176,16 +182,18 @@ int run_matrix(const PlanFlags& flags) {
           if (r.plan) {
             ++resolved;
             const Plan& p = *r.plan;
-            outcome = fmt::format("ok: {} {} form, {}", runner_name(p.runner), block_form_name(p.form),
-                                  p.fused_op ? "fused op " + *p.fused_op
-                                             : fmt::format("{} core", runner_format_name(p.core_format)));
+            outcome =
+                fmt::format("ok: {} {} form, {}", runner_name(p.runner), block_form_name(p.form),
+                            p.fused_op ? "fused op " + *p.fused_op
+                                       : fmt::format("{} core", runner_format_name(p.core_format)));
             if (!p.fallbacks().empty()) outcome += " (fallback)";
           } else {
             ++refused;
             outcome = r.refusal;
           }
           std::printf("%-10s %-5s %-11s %-11s %s\n", std::string(runner_name(runner)).c_str(),
-                      std::string(a2a_name(a2a)).c_str(), std::string(weight_format_name(format)).c_str(),
+                      std::string(a2a_name(a2a)).c_str(),
+                      std::string(weight_format_name(format)).c_str(),
                       std::string(block_form_name(form)).c_str(), outcome.c_str());
         }
       }
@@ -204,12 +212,17 @@ int main(int argc, char** argv) {
   int64_t tokens = 64;
   int repeats = 5;
 
-  CLI::App* demo = app.add_subcommand("demo", "run a DeepSeek-V3-shaped layer on the CPU, check it "
-                                              "against the reference and time it");
+  CLI::App* demo = app.add_subcommand("demo",
+                                      "run a DeepSeek-V3-shaped layer on the CPU, check it "
+                                      "against the reference and time it");
   flags.add_spec(*demo);
   flags.add_deployment(*demo);
-  demo->add_option("--tokens", tokens, "tokens in the batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  demo->add_option("--repeats", repeats, "timed runs")->capture_default_str()->check(CLI::Range(1, 1000));
+  demo->add_option("--tokens", tokens, "tokens in the batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  demo->add_option("--repeats", repeats, "timed runs")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
 
   CLI::App* explain = app.add_subcommand("explain", "print the plan's five layers and why");
   flags.add_spec(*explain);

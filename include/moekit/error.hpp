@@ -34,7 +34,8 @@ template <typename... Args>
 
 template <typename... Args>
 void require(bool condition, fmt::format_string<Args...> format, Args&&... args) {
-  if (!condition) throw Error(Errc::invalid_argument, fmt::format(format, std::forward<Args>(args)...));
+  if (!condition)
+    throw Error(Errc::invalid_argument, fmt::format(format, std::forward<Args>(args)...));
 }
 
 }  // namespace moekit

@@ -13,7 +13,7 @@ struct ExpertLocation {
   int logical = 0;
   int physical = 0;
   int ep_size = 1;
-  std::vector<int> physical_to_logical;    // [physical]
+  std::vector<int> physical_to_logical;      // [physical]
   std::vector<std::vector<int>> rank_table;  // [source rank][logical] -> physical
 
   // Physical slots [0, logical) hold the logical experts in order; slot logical + j holds a

@@ -27,8 +27,8 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name);
 std::string_view block_form_name(BlockForm form);
 std::optional<BlockForm> parse_block_form(std::string_view name);
 
-inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference, RunnerKind::cpu,
-                                             RunnerKind::cuda, RunnerKind::hopper};
+inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference,
+                                             RunnerKind::cpu, RunnerKind::cuda, RunnerKind::hopper};
 inline constexpr A2AKind kAllA2A[] = {A2AKind::none, A2AKind::mpi, A2AKind::nccl};
 inline constexpr WeightFormat kAllWeightFormats[] = {
     WeightFormat::f32,        WeightFormat::f16,       WeightFormat::bf16,
@@ -44,7 +44,9 @@ struct ExpertParallel {
   int redundant = 0;
 
   static ExpertParallel Single() { return {}; }
-  static ExpertParallel Rank(int size, int rank, int redundant = 0) { return {size, rank, redundant}; }
+  static ExpertParallel Rank(int size, int rank, int redundant = 0) {
+    return {size, rank, redundant};
+  }
 };
 
 struct Options {

@@ -42,11 +42,11 @@ struct Plan {
   Platform platform;
 
   BlockForm form = BlockForm::standard;  // never auto_ once resolved
-  bool adds_shared_output = false;  // standard/overlapped: this rank adds the shared experts
+  bool adds_shared_output = false;       // standard/overlapped: this rank adds the shared experts
   ExpertLocation location;
-  int local_routed = 0;    // physical routed experts held by this rank
-  int first_local = 0;     // global physical id of local slot 0
-  int shared_slots = 0;    // fused_slot form: shared experts appended as local slots
+  int local_routed = 0;  // physical routed experts held by this rank
+  int first_local = 0;   // global physical id of local slot 0
+  int shared_slots = 0;  // fused_slot form: shared experts appended as local slots
   float shared_slot_weight = 1.0f;
   WeightFormat weights = WeightFormat::bf16;
   DispatcherKind dispatcher = DispatcherKind::standard;

@@ -13,7 +13,8 @@ namespace moekit {
 enum class ActivationKind {
   silu_gated,  // silu(gate) * up
   gelu_gated,  // gelu(gate) * up, erf form
-  swiglu_oai,  // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit); (u + 1) * g * sigmoid(alpha * g)
+  swiglu_oai,  // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit); (u + 1) * g *
+               // sigmoid(alpha * g)
 };
 
 struct Activation {
@@ -58,7 +59,7 @@ struct ModelSpec {
   int64_t intermediate = 0;  // per routed expert
   int n_experts = 0;         // routed experts
   RoutingSpec routing;
-  int n_shared = 0;                 // shared experts, each a gated MLP of shared_intermediate
+  int n_shared = 0;  // shared experts, each a gated MLP of shared_intermediate
   int64_t shared_intermediate = 0;
   Activation activation;
 

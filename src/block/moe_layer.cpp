@@ -32,21 +32,23 @@ void check_input(const TensorView& t, const char* name, std::initializer_list<in
   }
   want += "]";
   if (t.data == nullptr && t.numel() > 0) fail(Errc::invalid_argument, "{}: no data", name);
-  if (!shape_ok) fail(Errc::invalid_argument, "{}: expected shape {}, got {}", name, want, t.describe());
+  if (!shape_ok)
+    fail(Errc::invalid_argument, "{}: expected shape {}, got {}", name, want, t.describe());
   if (!is_activation_dtype(t.dtype)) {
     fail(Errc::invalid_argument, "{}: dtype must be f32, bf16 or f16, got {}", name, t.describe());
   }
   if (t.device.kind != DeviceKind::cpu) {
     fail(Errc::invalid_argument, "{}: this plan runs on the CPU, got {}", name, t.describe());
   }
-  if (!t.is_contiguous()) fail(Errc::invalid_argument, "{}: must be contiguous, got {}", name, t.describe());
+  if (!t.is_contiguous())
+    fail(Errc::invalid_argument, "{}: must be contiguous, got {}", name, t.describe());
 }
 
 void check_finite_rows(const TensorView& t, const char* name, std::vector<float>& row) {
   const int64_t cols = t.dim(1);
   for (int64_t r = 0; r < t.dim(0); ++r) {
-    convert_to_f32(static_cast<const char*>(t.data) + dtype_storage_bytes(t.dtype, r * cols), t.dtype,
-                   cols, row.data());
+    convert_to_f32(static_cast<const char*>(t.data) + dtype_storage_bytes(t.dtype, r * cols),
+                   t.dtype, cols, row.data());
     for (int64_t c = 0; c < cols; ++c) {
       if (!std::isfinite(row[c])) {
         fail(Errc::invalid_argument, "{}: row {} has a non-finite value ({}) at column {}", name, r,
@@ -61,7 +63,8 @@ TensorView rows_of(const TensorView& matrix, int64_t first, int64_t count) {
   TensorView view = matrix;
   view.shape = {count, matrix.dim(1)};
   view.strides = {matrix.strides[0], matrix.strides[1], 0, 0};
-  view.data = static_cast<char*>(matrix.data) + dtype_storage_bytes(matrix.dtype, first * matrix.strides[0]);
+  view.data = static_cast<char*>(matrix.data) +
+              dtype_storage_bytes(matrix.dtype, first * matrix.strides[0]);
   return view;
 }
 
@@ -74,15 +77,19 @@ TensorView columns_of(const TensorView& matrix, int64_t first, int64_t count) {
 }
 
 void check_weight(const TensorView& t, const char* name, Shape expected) {
-  if (t.data == nullptr) fail(Errc::invalid_argument, "weights.{}: missing, expected {}", name, expected.str());
+  if (t.data == nullptr)
+    fail(Errc::invalid_argument, "weights.{}: missing, expected {}", name, expected.str());
   if (!(t.shape == expected)) {
-    fail(Errc::invalid_argument, "weights.{}: expected shape {}, got {}", name, expected.str(), t.describe());
+    fail(Errc::invalid_argument, "weights.{}: expected shape {}, got {}", name, expected.str(),
+         t.describe());
   }
   if (!is_activation_dtype(t.dtype)) {
-    fail(Errc::invalid_argument, "weights.{}: dtype must be f32, bf16 or f16, got {}", name, t.describe());
+    fail(Errc::invalid_argument, "weights.{}: dtype must be f32, bf16 or f16, got {}", name,
+         t.describe());
   }
   if (t.device.kind != DeviceKind::cpu || !t.is_contiguous()) {
-    fail(Errc::invalid_argument, "weights.{}: must be contiguous on the CPU, got {}", name, t.describe());
+    fail(Errc::invalid_argument, "weights.{}: must be contiguous on the CPU, got {}", name,
+         t.describe());
   }
 }
 
@@ -163,17 +170,19 @@ class MoeLayer::Impl {
 
     routing::select_experts(spec.routing, spec.n_experts, logits,
                             correction_bias_.empty() ? nullptr : correction_bias_.data(),
-                            plan_.options.check_finite, logical_ids_.data(), logical_weights_.data(),
-                            &pool_);
+                            plan_.options.check_finite, logical_ids_.data(),
+                            logical_weights_.data(), &pool_);
     to_physical(T);
 
     if (plan_.form == BlockForm::overlapped && shared_) {
       shared_input_ = hidden;
       shared_worker_->start();
-      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(), pool_);
+      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(),
+                      pool_);
       shared_worker_->wait();
     } else {
-      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(), pool_);
+      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(),
+                      pool_);
       if (shared_) run_shared(hidden);
     }
     write_output(T, output);
@@ -187,16 +196,23 @@ class MoeLayer::Impl {
 
  private:
   ExpertsProblem routed_problem() const {
-    return {plan_.spec.hidden, plan_.spec.intermediate, plan_.spec.activation,
-            plan_.local_routed + plan_.shared_slots, columns_, plan_.options.max_tokens, pool_.size()};
+    return {plan_.spec.hidden,
+            plan_.spec.intermediate,
+            plan_.spec.activation,
+            plan_.local_routed + plan_.shared_slots,
+            columns_,
+            plan_.options.max_tokens,
+            pool_.size()};
   }
 
   // Global physical ids of this rank's experts map to slots 0..local-1; fused shared slots have
   // global ids after the physical experts and live on every rank.
   std::vector<int32_t> routed_global_to_local() const {
-    std::vector<int32_t> table(static_cast<size_t>(plan_.location.physical + plan_.shared_slots), -1);
+    std::vector<int32_t> table(static_cast<size_t>(plan_.location.physical + plan_.shared_slots),
+                               -1);
     for (int slot = 0; slot < plan_.local_routed; ++slot) table[plan_.first_local + slot] = slot;
-    for (int s = 0; s < plan_.shared_slots; ++s) table[plan_.location.physical + s] = plan_.local_routed + s;
+    for (int s = 0; s < plan_.shared_slots; ++s)
+      table[plan_.location.physical + s] = plan_.local_routed + s;
     return table;
   }
 
@@ -207,7 +223,8 @@ class MoeLayer::Impl {
     // The shared MLPs on the second thread must not wait for the pool the routed experts use.
     const int threads = plan_.form == BlockForm::overlapped ? 1 : pool_.size();
     if (plan_.form == BlockForm::overlapped) shared_pool_.emplace(1);
-    const ExpertsProblem problem{spec.hidden, Is, spec.activation, n, n, plan_.options.max_tokens, threads};
+    const ExpertsProblem problem{spec.hidden, Is, spec.activation, n, n, plan_.options.max_tokens,
+                                 threads};
     std::vector<int32_t> identity(static_cast<size_t>(n));
     for (int s = 0; s < n; ++s) identity[s] = s;
     shared_.emplace(plan_, problem, identity);
@@ -258,16 +275,16 @@ class MoeLayer::Impl {
   void check_routing_result(const RoutingResult& routing, int64_t T) const {
     const bool ids_ok = routing.ids.dtype == DType::i32 && routing.ids.shape == Shape{T, top_k_} &&
                         routing.ids.is_contiguous() && routing.ids.device.kind == DeviceKind::cpu;
-    const bool weights_ok = routing.weights.dtype == DType::f32 &&
-                            routing.weights.shape == Shape{T, top_k_} && routing.weights.is_contiguous() &&
-                            routing.weights.device.kind == DeviceKind::cpu;
+    const bool weights_ok =
+        routing.weights.dtype == DType::f32 && routing.weights.shape == Shape{T, top_k_} &&
+        routing.weights.is_contiguous() && routing.weights.device.kind == DeviceKind::cpu;
     if (!ids_ok) {
-      fail(Errc::invalid_argument, "topk_ids: expected contiguous i32[{}, {}] on cpu, got {}", T, top_k_,
-           routing.ids.describe());
+      fail(Errc::invalid_argument, "topk_ids: expected contiguous i32[{}, {}] on cpu, got {}", T,
+           top_k_, routing.ids.describe());
     }
     if (!weights_ok) {
-      fail(Errc::invalid_argument, "topk_weights: expected contiguous f32[{}, {}] on cpu, got {}", T,
-           top_k_, routing.weights.describe());
+      fail(Errc::invalid_argument, "topk_weights: expected contiguous f32[{}, {}] on cpu, got {}",
+           T, top_k_, routing.weights.describe());
     }
   }
 
@@ -303,6 +320,8 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
   impl_->forward(hidden, router_logits, output, routing);
 }
 
-const Plan& MoeLayer::plan() const { return impl_->plan(); }
+const Plan& MoeLayer::plan() const {
+  return impl_->plan();
+}
 
 }  // namespace moekit

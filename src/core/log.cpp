@@ -25,18 +25,26 @@ std::atomic<LogLevel>& current_level() {
 
 const char* level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::error: return "error";
-    case LogLevel::warn: return "warn";
-    case LogLevel::info: return "info";
-    case LogLevel::debug: return "debug";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
   }
   return "?";
 }
 
 }  // namespace
 
-LogLevel log_level() { return current_level().load(std::memory_order_relaxed); }
-void set_log_level(LogLevel level) { current_level().store(level, std::memory_order_relaxed); }
+LogLevel log_level() {
+  return current_level().load(std::memory_order_relaxed);
+}
+void set_log_level(LogLevel level) {
+  current_level().store(level, std::memory_order_relaxed);
+}
 
 void log_write(LogLevel level, std::string_view message) {
   static std::mutex mutex;

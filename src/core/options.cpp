@@ -25,15 +25,27 @@ constexpr NameTable<BlockForm, 4> kBlockForms = {{BlockForm::auto_, "auto"},
 
 }  // namespace
 
-std::string_view runner_name(RunnerKind kind) { return name_of(kind, kRunners); }
-std::optional<RunnerKind> parse_runner(std::string_view name) { return name_lookup(name, kRunners); }
-std::string_view a2a_name(A2AKind kind) { return name_of(kind, kA2A); }
-std::optional<A2AKind> parse_a2a(std::string_view name) { return name_lookup(name, kA2A); }
-std::string_view weight_format_name(WeightFormat format) { return name_of(format, kWeightFormats); }
+std::string_view runner_name(RunnerKind kind) {
+  return name_of(kind, kRunners);
+}
+std::optional<RunnerKind> parse_runner(std::string_view name) {
+  return name_lookup(name, kRunners);
+}
+std::string_view a2a_name(A2AKind kind) {
+  return name_of(kind, kA2A);
+}
+std::optional<A2AKind> parse_a2a(std::string_view name) {
+  return name_lookup(name, kA2A);
+}
+std::string_view weight_format_name(WeightFormat format) {
+  return name_of(format, kWeightFormats);
+}
 std::optional<WeightFormat> parse_weight_format(std::string_view name) {
   return name_lookup(name, kWeightFormats);
 }
-std::string_view block_form_name(BlockForm form) { return name_of(form, kBlockForms); }
+std::string_view block_form_name(BlockForm form) {
+  return name_of(form, kBlockForms);
+}
 std::optional<BlockForm> parse_block_form(std::string_view name) {
   return name_lookup(name, kBlockForms);
 }

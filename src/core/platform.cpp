@@ -36,7 +36,8 @@ std::string Platform::summary() const {
   if (!cuda_runtime) return text + "; no CUDA runtime in this build";
   if (gpus.empty()) return text + "; no GPU";
   for (const GpuInfo& gpu : gpus) {
-    text += fmt::format("; GPU {} {} (sm_{}{})", gpu.index, gpu.name, gpu.compute_major, gpu.compute_minor);
+    text += fmt::format("; GPU {} {} (sm_{}{})", gpu.index, gpu.name, gpu.compute_major,
+                        gpu.compute_minor);
   }
   return text;
 }

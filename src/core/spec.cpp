@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -69,13 +71,49 @@ ModelSpec mixtral() {  // Mixtral-8x7B
 
 using nlohmann::json;
 
+// Each field is checked for its JSON type and range here: the JSON library itself would cast a
+// float or an out-of-range number to an integer silently (and, past the range, undefinedly).
 template <typename T>
 T get_field(const json& object, const char* key) {
-  try {
-    return object.at(key).get<T>();
-  } catch (const json::exception& e) {
-    fail(Errc::invalid_argument, "model spec: key '{}': {}", key, e.what());
+  const auto it = object.find(key);
+  if (it == object.end()) fail(Errc::invalid_argument, "model spec: missing key '{}'", key);
+  const json& value = *it;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!value.is_boolean()) {
+      fail(Errc::invalid_argument, "model spec: key '{}' must be true or false, got {}", key,
+           value.dump());
+    }
+    return value.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const bool in_range =
+        (value.is_number_unsigned() &&
+         value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())) ||
+        (value.is_number_integer() && !value.is_number_unsigned() &&
+         value.get<int64_t>() >= std::numeric_limits<T>::min() &&
+         value.get<int64_t>() <= std::numeric_limits<T>::max());
+    if (!in_range) {
+      fail(Errc::invalid_argument, "model spec: key '{}' must be an integer in range, got {}", key,
+           value.dump());
+    }
+    return static_cast<T>(value.get<int64_t>());
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!value.is_number() || !(std::fabs(value.get<double>()) <= std::numeric_limits<T>::max())) {
+      fail(Errc::invalid_argument, "model spec: key '{}' must be a finite number, got {}", key,
+           value.dump());
+    }
+    return static_cast<T>(value.get<double>());
+  } else {
+    if (!value.is_string()) {
+      fail(Errc::invalid_argument, "model spec: key '{}' must be a string, got {}", key,
+           value.dump());
+    }
+    return value.get<std::string>();
   }
+}
+
+template <typename T>
+void get_optional(const json& object, const char* key, T& into) {
+  if (object.contains(key)) into = get_field<T>(object, key);
 }
 
 template <typename Enum, size_t N>
@@ -89,13 +127,21 @@ Enum get_enum(const json& object, const char* key,
 
 }  // namespace
 
-std::string_view scoring_name(Scoring scoring) { return name_of(scoring, kScorings); }
-std::optional<Scoring> parse_scoring(std::string_view name) { return name_lookup(name, kScorings); }
-std::string_view group_score_name(GroupScore rule) { return name_of(rule, kGroupScores); }
+std::string_view scoring_name(Scoring scoring) {
+  return name_of(scoring, kScorings);
+}
+std::optional<Scoring> parse_scoring(std::string_view name) {
+  return name_lookup(name, kScorings);
+}
+std::string_view group_score_name(GroupScore rule) {
+  return name_of(rule, kGroupScores);
+}
 std::optional<GroupScore> parse_group_score(std::string_view name) {
   return name_lookup(name, kGroupScores);
 }
-std::string_view activation_name(ActivationKind kind) { return name_of(kind, kActivations); }
+std::string_view activation_name(ActivationKind kind) {
+  return name_of(kind, kActivations);
+}
 std::optional<ActivationKind> parse_activation(std::string_view name) {
   return name_lookup(name, kActivations);
 }
@@ -107,13 +153,16 @@ std::string Activation::str() const {
   return std::string(activation_name(kind));
 }
 
-std::vector<std::string> ModelSpec::preset_names() { return {"dsv3", "qwen3-moe", "mixtral"}; }
+std::vector<std::string> ModelSpec::preset_names() {
+  return {"dsv3", "qwen3-moe", "mixtral"};
+}
 
 ModelSpec ModelSpec::preset(std::string_view name) {
   if (name == "dsv3") return deepseek_v3();
   if (name == "qwen3-moe") return qwen3_moe();
   if (name == "mixtral") return mixtral();
-  fail(Errc::invalid_argument, "unknown preset '{}': the presets are dsv3, qwen3-moe, mixtral", name);
+  fail(Errc::invalid_argument, "unknown preset '{}': the presets are dsv3, qwen3-moe, mixtral",
+       name);
 }
 
 ModelSpec ModelSpec::demo() {
@@ -134,43 +183,58 @@ ModelSpec ModelSpec::from_json(std::string_view json_text) {
   } catch (const json::exception& e) {
     fail(Errc::invalid_argument, "model spec: not valid JSON: {}", e.what());
   }
-  if (!object.is_object()) fail(Errc::invalid_argument, "model spec: the top level must be an object");
-  static const std::vector<std::string> kKnown = {
-      "name", "hidden_size", "moe_intermediate_size", "n_experts", "top_k", "scoring",
-      "correction_bias", "n_group", "topk_group", "group_score", "renormalize",
-      "routed_scaling_factor", "n_shared_experts", "shared_intermediate_size", "activation",
-      "swiglu_alpha", "swiglu_limit"};
+  if (!object.is_object())
+    fail(Errc::invalid_argument, "model spec: the top level must be an object");
+  static const std::vector<std::string> kKnown = {"name",
+                                                  "hidden_size",
+                                                  "moe_intermediate_size",
+                                                  "n_experts",
+                                                  "top_k",
+                                                  "scoring",
+                                                  "correction_bias",
+                                                  "n_group",
+                                                  "topk_group",
+                                                  "group_score",
+                                                  "renormalize",
+                                                  "routed_scaling_factor",
+                                                  "n_shared_experts",
+                                                  "shared_intermediate_size",
+                                                  "activation",
+                                                  "swiglu_alpha",
+                                                  "swiglu_limit"};
   for (const auto& [key, value] : object.items()) {
     if (std::find(kKnown.begin(), kKnown.end(), key) == kKnown.end()) {
       fail(Errc::invalid_argument, "model spec: unknown key '{}'", key);
     }
   }
   ModelSpec spec;
-  spec.name = object.value("name", std::string("custom"));
+  get_optional(object, "name", spec.name);
   spec.hidden = get_field<int64_t>(object, "hidden_size");
   spec.intermediate = get_field<int64_t>(object, "moe_intermediate_size");
   spec.n_experts = get_field<int>(object, "n_experts");
   RoutingSpec& routing = spec.routing;
   routing.top_k = get_field<int>(object, "top_k");
   routing.scoring = get_enum(object, "scoring", kScorings);
-  if (object.contains("correction_bias")) routing.correction_bias = get_field<bool>(object, "correction_bias");
-  if (object.contains("n_group")) routing.n_group = get_field<int>(object, "n_group");
-  if (object.contains("topk_group")) routing.topk_group = get_field<int>(object, "topk_group");
-  if (object.contains("group_score")) routing.group_score = get_enum(object, "group_score", kGroupScores);
-  if (object.contains("renormalize")) routing.renormalize = get_field<bool>(object, "renormalize");
-  if (object.contains("routed_scaling_factor")) {
-    routing.routed_scaling_factor = get_field<float>(object, "routed_scaling_factor");
+  get_optional(object, "correction_bias", routing.correction_bias);
+  get_optional(object, "n_group", routing.n_group);
+  get_optional(object, "topk_group", routing.topk_group);
+  if (object.contains("group_score")) {
+    routing.group_score = get_enum(object, "group_score", kGroupScores);
   }
-  if (object.contains("n_shared_experts")) spec.n_shared = get_field<int>(object, "n_shared_experts");
-  if (object.contains("shared_intermediate_size")) {
-    spec.shared_intermediate = get_field<int64_t>(object, "shared_intermediate_size");
+  get_optional(object, "renormalize", routing.renormalize);
+  get_optional(object, "routed_scaling_factor", routing.routed_scaling_factor);
+  get_optional(object, "n_shared_experts", spec.n_shared);
+  get_optional(object, "shared_intermediate_size", spec.shared_intermediate);
+  if (object.contains("activation")) {
+    spec.activation.kind = get_enum(object, "activation", kActivations);
   }
-  if (object.contains("activation")) spec.activation.kind = get_enum(object, "activation", kActivations);
   if (spec.activation.kind == ActivationKind::swiglu_oai) {
-    spec.activation = Activation::SwigluOai(object.value("swiglu_alpha", 1.702f),
-                                            object.value("swiglu_limit", 7.0f));
+    spec.activation = Activation::SwigluOai();
+    get_optional(object, "swiglu_alpha", spec.activation.alpha);
+    get_optional(object, "swiglu_limit", spec.activation.limit);
   } else if (object.contains("swiglu_alpha") || object.contains("swiglu_limit")) {
-    fail(Errc::invalid_argument, "model spec: swiglu_alpha and swiglu_limit need activation swiglu_oai");
+    fail(Errc::invalid_argument,
+         "model spec: swiglu_alpha and swiglu_limit need activation swiglu_oai");
   }
   return spec;
 }
@@ -218,8 +282,16 @@ std::vector<std::string> ModelSpec::problems() const {
     if (!ok) found.push_back(std::move(message));
   };
   const RoutingSpec& r = routing;
+  // Limits far above any model in use; they keep every size product inside int64.
+  constexpr int64_t kMaxWidth = int64_t{1} << 20;
+  constexpr int kMaxExperts = 1 << 16;
+  check(hidden <= kMaxWidth && intermediate <= kMaxWidth && shared_intermediate <= kMaxWidth,
+        fmt::format("hidden and intermediate sizes are limited to {}", kMaxWidth));
+  check(n_experts <= kMaxExperts && n_shared <= kMaxExperts,
+        fmt::format("expert counts are limited to {}", kMaxExperts));
   check(hidden > 0, fmt::format("hidden size must be positive, got {}", hidden));
-  check(intermediate > 0, fmt::format("expert intermediate size must be positive, got {}", intermediate));
+  check(intermediate > 0,
+        fmt::format("expert intermediate size must be positive, got {}", intermediate));
   check(n_experts > 0, fmt::format("number of experts must be positive, got {}", n_experts));
   check(r.top_k >= 1 && r.top_k <= n_experts,
         fmt::format("top-k {} must be between 1 and the number of experts {}", r.top_k, n_experts));
@@ -235,14 +307,17 @@ std::vector<std::string> ModelSpec::problems() const {
             fmt::format("topk_group {} groups of {} experts cannot hold top-k {} experts",
                         r.topk_group, per_group, r.top_k));
       check(r.group_score != GroupScore::top2_sum || per_group >= 2,
-            fmt::format("group score top2_sum needs at least 2 experts per group, got {}", per_group));
+            fmt::format("group score top2_sum needs at least 2 experts per group, got {}",
+                        per_group));
     }
   }
   check(std::isfinite(r.routed_scaling_factor) && r.routed_scaling_factor > 0,
-        fmt::format("routed scaling factor must be positive and finite, got {}", r.routed_scaling_factor));
+        fmt::format("routed scaling factor must be positive and finite, got {}",
+                    r.routed_scaling_factor));
   check(n_shared >= 0, fmt::format("number of shared experts must be >= 0, got {}", n_shared));
-  check(n_shared == 0 || shared_intermediate > 0,
-        fmt::format("shared experts need a positive intermediate size, got {}", shared_intermediate));
+  check(
+      n_shared == 0 || shared_intermediate > 0,
+      fmt::format("shared experts need a positive intermediate size, got {}", shared_intermediate));
   if (activation.kind == ActivationKind::swiglu_oai) {
     check(activation.alpha > 0 && std::isfinite(activation.alpha),
           fmt::format("swiglu alpha must be positive, got {}", activation.alpha));
@@ -261,8 +336,10 @@ std::string ModelSpec::summary() const {
                         group_score_name(routing.group_score));
   }
   if (routing.renormalize) text += ", renormalised";
-  if (routing.routed_scaling_factor != 1.0f) text += fmt::format(", scaled x{}", routing.routed_scaling_factor);
-  if (n_shared > 0) text += fmt::format(", {} shared expert(s) of I={}", n_shared, shared_intermediate);
+  if (routing.routed_scaling_factor != 1.0f)
+    text += fmt::format(", scaled x{}", routing.routed_scaling_factor);
+  if (n_shared > 0)
+    text += fmt::format(", {} shared expert(s) of I={}", n_shared, shared_intermediate);
   return text + ", " + activation.str();
 }
 

@@ -31,7 +31,8 @@ std::string Device::str() const {
 
 Shape::Shape(std::initializer_list<int64_t> list) {
   if (list.size() > static_cast<size_t>(kMaxRank)) {
-    fail(Errc::invalid_argument, "a shape has at most {} dimensions, got {}", kMaxRank, list.size());
+    fail(Errc::invalid_argument, "a shape has at most {} dimensions, got {}", kMaxRank,
+         list.size());
   }
   for (int64_t d : list) dims[rank++] = d;
 }
@@ -136,11 +137,14 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() { std::free(data_); }
+Buffer::~Buffer() {
+  std::free(data_);
+}
 
 Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   for (int axis = 0; axis < shape.rank; ++axis) {
-    if (shape[axis] < 0) fail(Errc::invalid_argument, "negative dimension in shape {}", shape.str());
+    if (shape[axis] < 0)
+      fail(Errc::invalid_argument, "negative dimension in shape {}", shape.str());
   }
   Tensor tensor;
   tensor.buffer_ = Buffer::allocate(device, dtype_storage_bytes(dtype, shape.numel()));

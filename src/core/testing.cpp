@@ -39,7 +39,8 @@ LayerWeights RandomWeights::view() const {
 
 double relative_l2(const TensorView& got, const TensorView& want) {
   if (got.numel() != want.numel()) {
-    fail(Errc::invalid_argument, "relative_l2: {} and {} differ in size", got.describe(), want.describe());
+    fail(Errc::invalid_argument, "relative_l2: {} and {} differ in size", got.describe(),
+         want.describe());
   }
   std::vector<float> a(static_cast<size_t>(got.numel())), b(static_cast<size_t>(want.numel()));
   convert_to_f32(got.data, got.dtype, got.numel(), a.data());

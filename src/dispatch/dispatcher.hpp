@@ -20,8 +20,8 @@ class StandardDispatcher {
   // global_to_local[g] is the local slot of global id g, or -1.
   StandardDispatcher(std::vector<int32_t> global_to_local, int64_t max_entries);
 
-  DispatchOutput dispatch(const TensorView& hidden, const int32_t* global_ids,
-                          const float* weights, int columns);
+  DispatchOutput dispatch(const TensorView& hidden, const int32_t* global_ids, const float* weights,
+                          int columns);
 
  private:
   std::vector<int32_t> global_to_local_;

@@ -11,7 +11,8 @@ DispatchOutput StandardDispatcher::dispatch(const TensorView& hidden, const int3
                                             const float* weights, int columns) {
   const int64_t entries = hidden.dim(0) * columns;
   if (entries > static_cast<int64_t>(local_ids_.size())) {
-    fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, local_ids_.size());
+    fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries,
+         local_ids_.size());
   }
   const auto n_global = static_cast<int32_t>(global_to_local_.size());
   for (int64_t e = 0; e < entries; ++e) {

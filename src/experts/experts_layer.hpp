@@ -13,7 +13,8 @@ namespace moekit {
 
 class ExpertsLayer {
  public:
-  ExpertsLayer(const Plan& plan, const ExpertsProblem& problem, std::vector<int32_t> global_to_local);
+  ExpertsLayer(const Plan& plan, const ExpertsProblem& problem,
+               std::vector<int32_t> global_to_local);
 
   void load(int slot, const TensorView& gate, const TensorView& up, const TensorView& down);
 

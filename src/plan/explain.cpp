@@ -6,28 +6,31 @@
 namespace moekit {
 namespace {
 
-constexpr NameTable<PlanLayer, 6> kLayers = {{PlanLayer::model, "model"},
-                                             {PlanLayer::block, "1 block"},
-                                             {PlanLayer::experts, "2 experts"},
-                                             {PlanLayer::dispatcher, "3 dispatcher"},
-                                             {PlanLayer::runner, "4 runner"},
-                                             {PlanLayer::quant, "5 quant method"}};
+constexpr NameTable<PlanLayer, 6> kLayers = {
+    {PlanLayer::model, "model"},       {PlanLayer::block, "1 block"},
+    {PlanLayer::experts, "2 experts"}, {PlanLayer::dispatcher, "3 dispatcher"},
+    {PlanLayer::runner, "4 runner"},   {PlanLayer::quant, "5 quant method"}};
 
 }  // namespace
 
-std::string_view plan_layer_name(PlanLayer layer) { return name_of(layer, kLayers); }
+std::string_view plan_layer_name(PlanLayer layer) {
+  return name_of(layer, kLayers);
+}
 
 std::string_view dispatcher_name(DispatcherKind kind) {
   switch (kind) {
-    case DispatcherKind::standard: return "standard";
+    case DispatcherKind::standard:
+      return "standard";
   }
   return "?";
 }
 
 std::string_view runner_format_name(RunnerFormat format) {
   switch (format) {
-    case RunnerFormat::standard: return "standard";
-    case RunnerFormat::contiguous: return "contiguous";
+    case RunnerFormat::standard:
+      return "standard";
+    case RunnerFormat::contiguous:
+      return "contiguous";
   }
   return "?";
 }
@@ -47,9 +50,9 @@ std::string Plan::explain() const {
   text += fmt::format(
       "  options:  runner={} a2a={} weights={} form={} ep={}/{} (+{} redundant) device={} "
       "strict={} max_tokens={} threads={}\n",
-      runner_name(o.runner), a2a_name(o.a2a), weight_format_name(o.weights), block_form_name(o.form),
-      o.ep.rank, o.ep.size, o.ep.redundant, o.device.str(), o.strict ? "yes" : "no", o.max_tokens,
-      threads);
+      runner_name(o.runner), a2a_name(o.a2a), weight_format_name(o.weights),
+      block_form_name(o.form), o.ep.rank, o.ep.size, o.ep.redundant, o.device.str(),
+      o.strict ? "yes" : "no", o.max_tokens, threads);
   for (const Decision& d : decisions) {
     text += fmt::format("  {:<15} {:<15} {}\n", plan_layer_name(d.layer), d.topic, d.choice);
     if (!d.reason.empty()) text += fmt::format("  {:<31} why: {}\n", "", d.reason);
@@ -59,8 +62,9 @@ std::string Plan::explain() const {
     if (d.fallback) text += fmt::format("  {:<31} FALLBACK: {}\n", "", *d.fallback);
   }
   const auto found = fallbacks();
-  text += found.empty() ? "  fallbacks: none\n"
-                        : fmt::format("  fallbacks: {} (--strict would refuse this plan)\n", found.size());
+  text += found.empty()
+              ? "  fallbacks: none\n"
+              : fmt::format("  fallbacks: {} (--strict would refuse this plan)\n", found.size());
   return text;
 }
 

@@ -14,7 +14,8 @@
 namespace moekit {
 namespace {
 
-[[noreturn]] void refuse(const std::string& axes, const std::string& reason, const std::string& legal) {
+[[noreturn]] void refuse(const std::string& axes, const std::string& reason,
+                         const std::string& legal) {
   fail(Errc::config_refused, "refused: {}: {}; legal here: {}", axes, reason, legal);
 }
 
@@ -36,8 +37,8 @@ void record_fallback(Plan& plan, Decision decision, const std::string& asked) {
 
 void check_options(const Options& options) {
   if (options.max_tokens < 1) {
-    refuse(fmt::format("max_tokens={}", options.max_tokens), "a layer must accept at least one token",
-           "max_tokens >= 1");
+    refuse(fmt::format("max_tokens={}", options.max_tokens),
+           "a layer must accept at least one token", "max_tokens >= 1");
   }
   if (options.threads < 0) {
     refuse(fmt::format("threads={}", options.threads), "negative thread count", "0 (all) or more");
@@ -61,19 +62,22 @@ void decide_block(Plan& plan) {
   const bool slots_fit = spec.shared_intermediate % spec.intermediate == 0;
   const std::string slot_reason =
       slots_fit ? fmt::format("each shared expert (I={}) becomes {} slot(s) of the routed I={}",
-                              spec.shared_intermediate, spec.shared_intermediate / spec.intermediate,
-                              spec.intermediate)
-                : fmt::format("shared I={} is not a multiple of the routed I={}, so a shared expert "
-                              "cannot be split into expert slots",
-                              spec.shared_intermediate, spec.intermediate);
+                              spec.shared_intermediate,
+                              spec.shared_intermediate / spec.intermediate, spec.intermediate)
+                : fmt::format(
+                      "shared I={} is not a multiple of the routed I={}, so a shared expert "
+                      "cannot be split into expert slots",
+                      spec.shared_intermediate, spec.intermediate);
   switch (asked) {
     case BlockForm::auto_:
       plan.form = BlockForm::standard;
       d.choice = "standard";
-      d.reason = "auto: on the CPU the routed experts already use every thread, so a second "
-                 "thread for the shared experts would only compete with them";
+      d.reason =
+          "auto: on the CPU the routed experts already use every thread, so a second "
+          "thread for the shared experts would only compete with them";
       d.rejected = {{"overlapped", "no spare compute to overlap with on the CPU"},
-                    {"fused-slot", slots_fit ? "auto keeps the shared MLP separate on the CPU" : slot_reason}};
+                    {"fused-slot",
+                     slots_fit ? "auto keeps the shared MLP separate on the CPU" : slot_reason}};
       break;
     case BlockForm::standard:
       plan.form = BlockForm::standard;
@@ -109,41 +113,52 @@ void decide_experts(Plan& plan) {
   std::string reason = fmt::format("{} logical experts in {} physical slots over {} rank(s)",
                                    spec.n_experts, plan.location.physical, ep.size);
   if (ep.redundant > 0) reason += fmt::format(", {} redundant replica(s)", ep.redundant);
-  plan.decisions.push_back({PlanLayer::experts, "local experts",
+  plan.decisions.push_back({PlanLayer::experts,
+                            "local experts",
                             fmt::format("physical [{}, {}) on rank {}", plan.first_local,
                                         plan.first_local + plan.local_routed, ep.rank),
-                            reason, {}, std::nullopt});
+                            reason,
+                            {},
+                            std::nullopt});
   if (plan.form == BlockForm::fused_slot) {
-    plan.shared_slots = spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
+    plan.shared_slots =
+        spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
     plan.shared_slot_weight = 1.0f / static_cast<float>(ep.size);
     plan.decisions.push_back(
-        {PlanLayer::experts, "shared slots", fmt::format("{} slot(s) on every rank", plan.shared_slots),
+        {PlanLayer::experts,
+         "shared slots",
+         fmt::format("{} slot(s) on every rank", plan.shared_slots),
          fmt::format("each rank computes the shared experts for every token with weight 1/{}, so "
                      "the ranks' sum adds them once",
                      ep.size),
-         {}, std::nullopt});
+         {},
+         std::nullopt});
   } else if (spec.n_shared > 0) {
     plan.adds_shared_output = ep.rank == 0;
     plan.decisions.push_back(
-        {PlanLayer::experts, "shared experts",
+        {PlanLayer::experts,
+         "shared experts",
          plan.adds_shared_output ? "added on this rank" : "added on rank 0, not here",
-         "every rank sees every token here, so one rank adds the shared output to the sum", {},
+         "every rank sees every token here, so one rank adds the shared output to the sum",
+         {},
          std::nullopt});
   }
 }
 
 std::string built_formats() {
   std::vector<std::string> names;
-  for (const QuantEntry& entry : quant_table()) names.emplace_back(weight_format_name(entry.format));
+  for (const QuantEntry& entry : quant_table())
+    names.emplace_back(weight_format_name(entry.format));
   return join(names);
 }
 
 // Which runners could take this deployment, each with its reason.
-Capability runner_capability(RunnerKind kind, const Deployment& deployment, const QuantEntry& quant) {
+Capability runner_capability(RunnerKind kind, const Deployment& deployment,
+                             const QuantEntry& quant) {
   const CoreEntry* core = find_core(kind);
   if (core == nullptr) {
-    return Capability::No(fmt::format("the {} runner is not built in this version of moekit",
-                                      runner_name(kind)));
+    return Capability::No(
+        fmt::format("the {} runner is not built in this version of moekit", runner_name(kind)));
   }
   if (Capability c = core->supports(deployment); !c.ok) return c;
   return quant.supports_runner(kind);
@@ -157,8 +172,12 @@ void decide_quant_and_runner(Plan& plan) {
            "no quant method for this format is built in this version of moekit", built_formats());
   }
   plan.weights = options.weights;
-  plan.decisions.push_back({PlanLayer::quant, "method", std::string(weight_format_name(plan.weights)),
-                            QuantParams::Unquantized(plan.weights).describe(), {}, std::nullopt});
+  plan.decisions.push_back({PlanLayer::quant,
+                            "method",
+                            std::string(weight_format_name(plan.weights)),
+                            QuantParams::Unquantized(plan.weights).describe(),
+                            {},
+                            std::nullopt});
 
   const Deployment deployment{plan.spec, options, plan.platform, plan.weights};
   constexpr RunnerKind kPreference[] = {RunnerKind::cpu, RunnerKind::reference, RunnerKind::cuda,
@@ -176,8 +195,9 @@ void decide_quant_and_runner(Plan& plan) {
     }
   }
   const std::string legal_text = legal.empty() ? "none" : "auto, " + join(legal);
-  const std::string axes = fmt::format("runner={} with weights={} on device={}", runner_name(options.runner),
-                                       weight_format_name(plan.weights), options.device.str());
+  const std::string axes =
+      fmt::format("runner={} with weights={} on device={}", runner_name(options.runner),
+                  weight_format_name(plan.weights), options.device.str());
   if (options.runner == RunnerKind::auto_) {
     if (!first_ok) refuse(axes, "no built runner supports this deployment", "device=cpu");
     plan.runner = *first_ok;
@@ -189,17 +209,23 @@ void decide_quant_and_runner(Plan& plan) {
   Capability asked = runner_capability(options.runner, deployment, *quant);
   if (!asked.ok) refuse(axes, asked.reason, "runners " + legal_text);
   plan.runner = options.runner;
-  std::erase_if(rejected, [&](const Rejected& r) { return r.candidate == runner_name(plan.runner); });
-  plan.decisions.push_back({PlanLayer::quant, "runner", std::string(runner_name(plan.runner)),
-                            "asked: " + asked.reason, {}, std::nullopt});
+  std::erase_if(rejected,
+                [&](const Rejected& r) { return r.candidate == runner_name(plan.runner); });
+  plan.decisions.push_back({PlanLayer::quant,
+                            "runner",
+                            std::string(runner_name(plan.runner)),
+                            "asked: " + asked.reason,
+                            {},
+                            std::nullopt});
 }
 
 void decide_dispatcher(Plan& plan) {
   const Options& options = plan.options;
   if (options.a2a != A2AKind::none) {
-    refuse(fmt::format("a2a={} with ep size {}", a2a_name(options.a2a), options.ep.size),
-           fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
-           "a2a none (each rank computes its experts for every token; the caller sums the ranks)");
+    refuse(
+        fmt::format("a2a={} with ep size {}", a2a_name(options.a2a), options.ep.size),
+        fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
+        "a2a none (each rank computes its experts for every token; the caller sums the ranks)");
   }
   plan.dispatcher = DispatcherKind::standard;
   plan.dispatch_format = DispatchFormat::standard;
@@ -208,8 +234,12 @@ void decide_dispatcher(Plan& plan) {
           ? "a2a none, one rank: rows stay here and every expert id is local"
           : "a2a none: rows stay here; global expert ids map to this rank's slots or -1, and the "
             "ranks' partial outputs add up to the layer's output";
-  plan.decisions.push_back({PlanLayer::dispatcher, "dispatcher", "standard", reason,
-                            {{"mpi", "not built"}, {"nccl", "not built"}}, std::nullopt});
+  plan.decisions.push_back({PlanLayer::dispatcher,
+                            "dispatcher",
+                            "standard",
+                            reason,
+                            {{"mpi", "not built"}, {"nccl", "not built"}},
+                            std::nullopt});
 }
 
 void decide_runner_pipeline(Plan& plan) {
@@ -219,16 +249,23 @@ void decide_runner_pipeline(Plan& plan) {
   plan.core_format = core->format;
   if (const FusedOpEntry* fused = find_fused_op(options.a2a, plan.runner)) {
     if (options.fused_ops == FusedOps::off) {
-      plan.decisions.push_back({PlanLayer::runner, "fused op", "none",
+      plan.decisions.push_back({PlanLayer::runner,
+                                "fused op",
+                                "none",
                                 fmt::format("{} is registered but fused ops are off", fused->name),
-                                {}, std::nullopt});
+                                {},
+                                std::nullopt});
     } else if (Capability c = fused->supports(deployment); c.ok) {
       plan.fused_op = std::string(fused->name);
-      plan.decisions.push_back({PlanLayer::runner, "fused op", plan.fused_op.value(), c.reason, {},
-                                std::nullopt});
+      plan.decisions.push_back(
+          {PlanLayer::runner, "fused op", plan.fused_op.value(), c.reason, {}, std::nullopt});
       return;
     } else {
-      plan.decisions.push_back({PlanLayer::runner, "fused op", "none", "", {{std::string(fused->name), c.reason}},
+      plan.decisions.push_back({PlanLayer::runner,
+                                "fused op",
+                                "none",
+                                "",
+                                {{std::string(fused->name), c.reason}},
                                 std::nullopt});
     }
   }
@@ -238,13 +275,18 @@ void decide_runner_pipeline(Plan& plan) {
     fail(Errc::internal, "no permute between dispatch format standard and core format {}",
          runner_format_name(plan.core_format));
   }
-  plan.decisions.push_back({PlanLayer::runner, "core",
+  plan.decisions.push_back({PlanLayer::runner,
+                            "core",
                             fmt::format("{} ({} format)", runner_name(plan.runner),
                                         runner_format_name(plan.core_format)),
-                            core->supports(deployment).reason, {}, std::nullopt});
-  plan.decisions.push_back({PlanLayer::runner, "permutes",
+                            core->supports(deployment).reason,
+                            {},
+                            std::nullopt});
+  plan.decisions.push_back({PlanLayer::runner,
+                            "permutes",
                             fmt::format("pre: {}; post: {}", pre->name, post->name),
-                            "from the dispatcher's standard format to the core's and back", {},
+                            "from the dispatcher's standard format to the core's and back",
+                            {},
                             std::nullopt});
 }
 
@@ -261,7 +303,8 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
   plan.options = options;
   plan.platform = platform;
   plan.threads = options.threads > 0 ? options.threads : platform.cpu_threads;
-  plan.decisions.push_back({PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
+  plan.decisions.push_back(
+      {PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
   decide_block(plan);
   decide_experts(plan);
   decide_quant_and_runner(plan);

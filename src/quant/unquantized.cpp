@@ -12,9 +12,15 @@ QuantParams QuantParams::Unquantized(WeightFormat format) {
   QuantParams params;
   params.format = format;
   switch (format) {
-    case WeightFormat::f32: params.weight_dtype = DType::f32; break;
-    case WeightFormat::f16: params.weight_dtype = DType::f16; break;
-    case WeightFormat::bf16: params.weight_dtype = DType::bf16; break;
+    case WeightFormat::f32:
+      params.weight_dtype = DType::f32;
+      break;
+    case WeightFormat::f16:
+      params.weight_dtype = DType::f16;
+      break;
+    case WeightFormat::bf16:
+      params.weight_dtype = DType::bf16;
+      break;
     default:
       fail(Errc::internal, "QuantParams::Unquantized takes f32, f16 or bf16, not {}",
            weight_format_name(format));
@@ -78,9 +84,11 @@ class Unquantized final : public QuantMethod {
 Capability unquantized_supports_runner(RunnerKind runner) {
   switch (runner) {
     case RunnerKind::reference:
-    case RunnerKind::cpu: return Capability::Yes("reads f32/f16/bf16 rows, widened to f32");
+    case RunnerKind::cpu:
+      return Capability::Yes("reads f32/f16/bf16 rows, widened to f32");
     default:
-      return Capability::No(fmt::format("no {} core is built for unquantized weights", runner_name(runner)));
+      return Capability::No(
+          fmt::format("no {} core is built for unquantized weights", runner_name(runner)));
   }
 }
 

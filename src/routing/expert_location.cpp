@@ -29,7 +29,8 @@ ExpertLocation ExpertLocation::build(int n_logical, const ExpertParallel& ep) {
     location.physical_to_logical[p] = logical;
     replicas[logical].push_back(p);
   }
-  location.rank_table.assign(static_cast<size_t>(ep.size), std::vector<int>(static_cast<size_t>(n_logical)));
+  location.rank_table.assign(static_cast<size_t>(ep.size),
+                             std::vector<int>(static_cast<size_t>(n_logical)));
   for (int rank = 0; rank < ep.size; ++rank) {
     for (int logical = 0; logical < n_logical; ++logical) {
       const std::vector<int>& candidates = replicas[logical];

@@ -7,7 +7,8 @@ namespace moekit {
 ExpertsRunner::ExpertsRunner(const Plan& plan, const ExpertsProblem& problem) {
   if (plan.fused_op) {
     const FusedOpEntry* entry = find_fused_op(plan.options.a2a, plan.runner);
-    if (entry == nullptr) fail(Errc::internal, "plan names fused op {} that is not registered", *plan.fused_op);
+    if (entry == nullptr)
+      fail(Errc::internal, "plan names fused op {} that is not registered", *plan.fused_op);
     fused_ = entry->create(problem);
     return;
   }

@@ -14,7 +14,8 @@ namespace moekit::kernels {
 template <typename T>
 T activate(const Activation& activation, T gate, T up) {
   switch (activation.kind) {
-    case ActivationKind::silu_gated: return gate / (T(1) + std::exp(-gate)) * up;
+    case ActivationKind::silu_gated:
+      return gate / (T(1) + std::exp(-gate)) * up;
     case ActivationKind::gelu_gated:
       return T(0.5) * gate * (T(1) + std::erf(gate / std::sqrt(T(2)))) * up;
     case ActivationKind::swiglu_oai: {

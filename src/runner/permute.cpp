@@ -49,12 +49,14 @@ class GroupByExpert final : public PrePermute {
     for (int s = 0; s < p_.slots; ++s) a.offsets[s + 1] += a.offsets[s];
     std::copy(a.offsets, a.offsets + p_.slots, a.cursor);
     for (int64_t e = 0; e < entries; ++e) {
-      a.row_of_entry[e] = input.slots[e] >= 0 ? static_cast<int32_t>(a.cursor[input.slots[e]]++) : -1;
+      a.row_of_entry[e] =
+          input.slots[e] >= 0 ? static_cast<int32_t>(a.cursor[input.slots[e]]++) : -1;
     }
     pool.parallel_for(entries, [&](int64_t begin, int64_t end) {
       for (int64_t e = begin; e < end; ++e) {
         if (a.row_of_entry[e] < 0) continue;
-        kernels::activation_row(input.hidden, e / input.columns, a.rows + a.row_of_entry[e] * p_.hidden);
+        kernels::activation_row(input.hidden, e / input.columns,
+                                a.rows + a.row_of_entry[e] * p_.hidden);
       }
     });
     batch.standard = &input;
@@ -71,9 +73,9 @@ class GroupByExpert final : public PrePermute {
     int32_t* row_of_entry;
   };
   Arrays carve(ScratchCarver& carver) const {
-    return {carver.take<float>(p_.max_rows() * p_.hidden), carver.take<float>(p_.max_rows() * p_.hidden),
-            carver.take<int64_t>(p_.slots + 1), carver.take<int64_t>(p_.slots),
-            carver.take<int32_t>(p_.max_rows())};
+    return {carver.take<float>(p_.max_rows() * p_.hidden),
+            carver.take<float>(p_.max_rows() * p_.hidden), carver.take<int64_t>(p_.slots + 1),
+            carver.take<int64_t>(p_.slots), carver.take<int32_t>(p_.max_rows())};
   }
 
   ExpertsProblem p_;

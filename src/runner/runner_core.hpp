@@ -46,8 +46,8 @@ struct DispatchOutput {
 
 // The contiguous format: rows grouped by slot, slot s owning rows [offsets[s], offsets[s+1]).
 struct ContiguousRows {
-  float* rows = nullptr;                  // [n_rows, H] inputs
-  float* row_out = nullptr;               // [n_rows, H] expert outputs, unweighted
+  float* rows = nullptr;     // [n_rows, H] inputs
+  float* row_out = nullptr;  // [n_rows, H] expert outputs, unweighted
   int64_t n_rows = 0;
   const int64_t* offsets = nullptr;       // [slots + 1]
   const int32_t* row_of_entry = nullptr;  // [T * columns]: the row of entry (t, j), or -1

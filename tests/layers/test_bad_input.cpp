@@ -46,7 +46,9 @@ class BadInput : public ::testing::Test {
   Tensor output = Tensor::empty(DType::f32, {4, spec.hidden});
 };
 
-void set_f32(Tensor& t, int64_t index, float value) { t.data<float>()[index] = value; }
+void set_f32(Tensor& t, int64_t index, float value) {
+  t.data<float>()[index] = value;
+}
 
 TEST_F(BadInput, NanLogitIsRefusedNamingItsRow) {
   set_f32(in.logits, 2 * spec.n_experts + 5, NAN);
@@ -125,11 +127,13 @@ TEST(BadWeights, AreRefusedAtBuildNamingTheTensor) {
       {"w2 dtype", [&](LayerWeights& w, const RandomWeights&) { w.w2 = ints.view(); }, "w2"},
       {"missing bias", [](LayerWeights& w, const RandomWeights&) { w.correction_bias = {}; },
        "correction_bias"},
-      {"bias dtype", [&](LayerWeights& w, const RandomWeights&) { w.correction_bias = bf16_bias.view(); },
+      {"bias dtype",
+       [&](LayerWeights& w, const RandomWeights&) { w.correction_bias = bf16_bias.view(); },
        "correction_bias"},
-      {"missing shared", [](LayerWeights& w, const RandomWeights&) { w.shared_w13 = {}; }, "shared_w13"},
-      {"shared w2 shape", [](LayerWeights& w, const RandomWeights& r) { w.shared_w2 = r.w2.view(); },
-       "shared_w2"},
+      {"missing shared", [](LayerWeights& w, const RandomWeights&) { w.shared_w13 = {}; },
+       "shared_w13"},
+      {"shared w2 shape",
+       [](LayerWeights& w, const RandomWeights& r) { w.shared_w2 = r.w2.view(); }, "shared_w2"},
   };
   Options options;
   options.max_tokens = 4;
@@ -142,7 +146,8 @@ TEST(BadWeights, AreRefusedAtBuildNamingTheTensor) {
       ADD_FAILURE() << c.name << ": accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), Errc::invalid_argument) << c.name;
-      EXPECT_NE(std::string(e.what()).find(c.fragment), std::string::npos) << c.name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.fragment), std::string::npos)
+          << c.name << ": " << e.what();
     }
   }
 }

@@ -15,8 +15,8 @@ struct EpCase {
   BlockForm form;
 };
 
-std::vector<double> sum_over_ranks(const ModelSpec& spec, Options options, const LayerWeights& weights,
-                                   const Inputs& in) {
+std::vector<double> sum_over_ranks(const ModelSpec& spec, Options options,
+                                   const LayerWeights& weights, const Inputs& in) {
   std::vector<double> sum(static_cast<size_t>(in.hidden.view().numel()), 0.0);
   for (int rank = 0; rank < options.ep.size; ++rank) {
     options.ep.rank = rank;
@@ -41,7 +41,8 @@ TEST_P(RanksSum, RanksSumToTheSingleRankOutput) {
   options.weights = WeightFormat::f32;
   options.form = c.form;
   options.max_tokens = 32;
-  const LayerRun single = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
+  const LayerRun single =
+      run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
   options.ep = moekit::ExpertParallel::Rank(c.ep_size, 0, c.redundant);
   const std::vector<double> sum = sum_over_ranks(spec, options, weights.view(), in);
   EXPECT_LT(relative_l2(single.output, sum), 1e-5);

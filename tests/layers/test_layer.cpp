@@ -49,7 +49,8 @@ std::vector<PathCase> path_cases() {
       {"mixtral", small_softmax(8, 2, true)},
       {"softmax_no_renorm", small_softmax(8, 3, false)},
       {"gelu", with_activation(small_softmax(8, 2, true), Activation::GeluGated())},
-      {"swiglu_oai", with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
+      {"swiglu_oai",
+       with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
       {"sqrt_softplus", small_sqrt_softplus()},
   };
   for (const auto& [name, spec] : specs) {
@@ -78,14 +79,16 @@ TEST_P(LayerPath, MatchesFloat64Oracle) {
   const RandomWeights weights = RandomWeights::make(c.spec, storage_dtype(c.weights), 11);
   const Inputs in = random_inputs(c.spec, c.tokens, c.hidden, 12);
   const LayerRun run = run_plan(plan, weights.view(), in);
-  const std::vector<double> want = oracle_output(c.spec, weights.view(), in.hidden, run.ids, run.weights);
+  const std::vector<double> want =
+      oracle_output(c.spec, weights.view(), in.hidden, run.ids, run.weights);
   EXPECT_LT(relative_l2(run.output, want), tolerance(c.hidden)) << plan.explain();
 }
 
 std::string path_name(const ::testing::TestParamInfo<PathCase>& info) {
   const PathCase& c = info.param;
-  std::string name = fmt::format("{}_{}_{}_{}_T{}_max{}", c.name, runner_name(c.runner),
-                                 weight_format_name(c.weights), dtype_name(c.hidden), c.tokens, c.max_tokens);
+  std::string name =
+      fmt::format("{}_{}_{}_{}_T{}_max{}", c.name, runner_name(c.runner),
+                  weight_format_name(c.weights), dtype_name(c.hidden), c.tokens, c.max_tokens);
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
@@ -114,7 +117,8 @@ TEST(Layer, ResultDoesNotDependOnThreadCount) {
   options.threads = 1;
   const LayerRun one = run_plan(resolve(spec, options, Platform::cpu_only(1)), weights.view(), in);
   options.threads = 3;
-  const LayerRun three = run_plan(resolve(spec, options, Platform::cpu_only(3)), weights.view(), in);
+  const LayerRun three =
+      run_plan(resolve(spec, options, Platform::cpu_only(3)), weights.view(), in);
   EXPECT_EQ(as_doubles(one.output), as_doubles(three.output));
 }
 
@@ -145,8 +149,10 @@ TEST(Layer, WeightsOfAnotherFloatTypeAreConvertedAtLoad) {
   Options options;
   options.weights = WeightFormat::bf16;
   options.max_tokens = 8;
-  const LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), f32_weights.view(), in);
-  const std::vector<double> exact = oracle_output(spec, f32_weights.view(), in.hidden, run.ids, run.weights);
+  const LayerRun run =
+      run_plan(resolve(spec, options, Platform::cpu_only(2)), f32_weights.view(), in);
+  const std::vector<double> exact =
+      oracle_output(spec, f32_weights.view(), in.hidden, run.ids, run.weights);
   const double error = relative_l2(run.output, exact);
   EXPECT_GT(error, 1e-6) << "bf16 storage must round the f32 weights";
   EXPECT_LT(error, 1e-2);

@@ -22,7 +22,8 @@ TEST(SharedExperts, StandardOverlappedAndFusedSlotAgree) {
     ASSERT_EQ(plan.form, form);
     runs.push_back(run_plan(plan, weights.view(), in));
   }
-  const std::vector<double> want = oracle_output(spec, weights.view(), in.hidden, runs[0].ids, runs[0].weights);
+  const std::vector<double> want =
+      oracle_output(spec, weights.view(), in.hidden, runs[0].ids, runs[0].weights);
   for (const LayerRun& run : runs) EXPECT_LT(relative_l2(run.output, want), 1e-5);
 }
 
@@ -36,9 +37,11 @@ TEST(SharedExperts, ScalingFactorAppliesToTheRoutedPartOnly) {
   options.weights = WeightFormat::f32;
   options.max_tokens = 16;
   spec.routing.routed_scaling_factor = 1.0f;
-  const LayerRun unscaled = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
+  const LayerRun unscaled =
+      run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
   spec.routing.routed_scaling_factor = 2.5f;
-  const LayerRun scaled = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
+  const LayerRun scaled =
+      run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
   ModelSpec routed_only = spec;
   routed_only.n_shared = 0;
   const std::vector<double> routed =

@@ -24,9 +24,10 @@ TEST(Matrix, EveryCombinationResolvesAndMatchesOrIsRefused) {
               options.weights = format;
               options.form = form;
               options.max_tokens = max_tokens;
-              const std::string label = fmt::format(
-                  "runner={} a2a={} weights={} form={} ep={} max_tokens={}", runner_name(runner),
-                  a2a_name(a2a), weight_format_name(format), block_form_name(form), ep_size, max_tokens);
+              const std::string label =
+                  fmt::format("runner={} a2a={} weights={} form={} ep={} max_tokens={}",
+                              runner_name(runner), a2a_name(a2a), weight_format_name(format),
+                              block_form_name(form), ep_size, max_tokens);
               SCOPED_TRACE(label);
               options.ep = ExpertParallel::Rank(ep_size, 0);
               const Resolution first = try_resolve(spec, options, Platform::cpu_only(2));
@@ -37,13 +38,15 @@ TEST(Matrix, EveryCombinationResolvesAndMatchesOrIsRefused) {
               }
               ++resolved;
               const RandomWeights weights = RandomWeights::make(spec, storage_dtype(format), 52);
-              const Inputs sized = max_tokens >= 7 ? random_inputs(spec, 7, DType::f32, 51)
-                                                   : random_inputs(spec, max_tokens, DType::f32, 51);
+              const Inputs sized = max_tokens >= 7
+                                       ? random_inputs(spec, 7, DType::f32, 51)
+                                       : random_inputs(spec, max_tokens, DType::f32, 51);
               std::vector<double> sum(static_cast<size_t>(sized.hidden.view().numel()), 0.0);
               LayerRun rank0;
               for (int rank = 0; rank < ep_size; ++rank) {
                 options.ep.rank = rank;
-                LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), sized);
+                LayerRun run =
+                    run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), sized);
                 const std::vector<double> part = as_doubles(run.output);
                 for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
                 if (rank == 0) rank0 = std::move(run);

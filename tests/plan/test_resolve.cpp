@@ -17,7 +17,8 @@ std::string refusal(const ModelSpec& spec, const Options& options) {
 
 void expect_mentions(const std::string& text, std::initializer_list<const char*> fragments) {
   for (const char* fragment : fragments) {
-    EXPECT_NE(text.find(fragment), std::string::npos) << "'" << text << "' lacks '" << fragment << "'";
+    EXPECT_NE(text.find(fragment), std::string::npos)
+        << "'" << text << "' lacks '" << fragment << "'";
   }
 }
 
@@ -53,9 +54,11 @@ TEST(Resolve, UnbuiltCommunicationIsRefused) {
 
 TEST(Resolve, UnbuiltWeightFormatIsRefusedNamingTheBuiltOnes) {
   Options options;
-  for (WeightFormat format : {WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group}) {
+  for (WeightFormat format :
+       {WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group}) {
     options.weights = format;
-    expect_mentions(refusal(small_dsv3(), options), {weight_format_name(format).data(), "f32, f16, bf16"});
+    expect_mentions(refusal(small_dsv3(), options),
+                    {weight_format_name(format).data(), "f32, f16, bf16"});
   }
 }
 
@@ -69,7 +72,11 @@ TEST(Resolve, ImpossibleSpecsAreRefused) {
   const ImpossibleSpec cases[] = {
       {"top-k above experts", [](ModelSpec& s) { s.routing.top_k = s.n_experts + 1; }, "top-k"},
       {"groups do not divide", [](ModelSpec& s) { s.routing.n_group = 5; }, "does not divide"},
-      {"topk_group too small", [](ModelSpec& s) { s.routing.topk_group = 1; s.routing.top_k = 5; },
+      {"topk_group too small",
+       [](ModelSpec& s) {
+         s.routing.topk_group = 1;
+         s.routing.top_k = 5;
+       },
        "cannot hold top-k"},
       {"topk_group above n_group", [](ModelSpec& s) { s.routing.topk_group = 5; }, "topk_group"},
       {"no hidden size", [](ModelSpec& s) { s.hidden = 0; }, "hidden size"},
@@ -96,7 +103,8 @@ TEST(Resolve, FallbackIsRecordedAndStrictRefusesIt) {
 
 TEST(Resolve, ExplainShowsTheFiveLayersWithReasons) {
   const std::string text = resolve(small_dsv3(), Options{}, Platform::cpu_only(2)).explain();
-  expect_mentions(text, {"1 block", "2 experts", "3 dispatcher", "4 runner", "5 quant method", "why:"});
+  expect_mentions(text,
+                  {"1 block", "2 experts", "3 dispatcher", "4 runner", "5 quant method", "why:"});
 }
 
 TEST(Resolve, IsPure) {

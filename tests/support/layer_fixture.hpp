@@ -32,9 +32,12 @@ inline ModelSpec small_dsv3() {
 
 inline DType storage_dtype(WeightFormat format) {
   switch (format) {
-    case WeightFormat::f32: return DType::f32;
-    case WeightFormat::f16: return DType::f16;
-    default: return DType::bf16;
+    case WeightFormat::f32:
+      return DType::f32;
+    case WeightFormat::f16:
+      return DType::f16;
+    default:
+      return DType::bf16;
   }
 }
 
@@ -43,7 +46,8 @@ struct Inputs {
   Tensor logits;
 };
 
-inline Inputs random_inputs(const ModelSpec& spec, int64_t tokens, DType hidden_dtype, uint64_t seed) {
+inline Inputs random_inputs(const ModelSpec& spec, int64_t tokens, DType hidden_dtype,
+                            uint64_t seed) {
   std::mt19937_64 rng(seed);
   return {random_tensor({tokens, spec.hidden}, hidden_dtype, rng),
           random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f)};
@@ -59,8 +63,8 @@ struct LayerRun {
 inline LayerRun run_layer(MoeLayer& layer, const Inputs& in) {
   const ModelSpec& spec = layer.plan().spec;
   const int64_t T = in.hidden.view().dim(0), k = spec.routing.top_k;
-  LayerRun run{Tensor::empty(in.hidden.view().dtype, {T, spec.hidden}), std::vector<int32_t>(T * k, -1),
-          std::vector<float>(T * k, NAN)};
+  LayerRun run{Tensor::empty(in.hidden.view().dtype, {T, spec.hidden}),
+               std::vector<int32_t>(T * k, -1), std::vector<float>(T * k, NAN)};
   run.output.fill_bytes(kPoison);
   const RoutingResult routing{TensorView::contiguous(run.ids.data(), DType::i32, {T, k}),
                               TensorView::contiguous(run.weights.data(), DType::f32, {T, k})};
@@ -73,6 +77,8 @@ inline LayerRun run_plan(const Plan& plan, const LayerWeights& weights, const In
   return run_layer(layer, in);
 }
 
-inline std::vector<double> as_doubles(const Tensor& t) { return to_doubles(t.view()); }
+inline std::vector<double> as_doubles(const Tensor& t) {
+  return to_doubles(t.view());
+}
 
 }  // namespace moekit::test

@@ -18,11 +18,14 @@ inline std::vector<double> to_doubles(const TensorView& t) {
 
 inline double activate(const Activation& a, double gate, double up) {
   switch (a.kind) {
-    case ActivationKind::silu_gated: return gate / (1.0 + std::exp(-gate)) * up;
-    case ActivationKind::gelu_gated: return 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0))) * up;
+    case ActivationKind::silu_gated:
+      return gate / (1.0 + std::exp(-gate)) * up;
+    case ActivationKind::gelu_gated:
+      return 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0))) * up;
     case ActivationKind::swiglu_oai: {
       const double g = std::min(gate, static_cast<double>(a.limit));
-      const double u = std::max(std::min(up, static_cast<double>(a.limit)), -static_cast<double>(a.limit));
+      const double u =
+          std::max(std::min(up, static_cast<double>(a.limit)), -static_cast<double>(a.limit));
       return (u + 1.0) * g / (1.0 + std::exp(-a.alpha * g));
     }
   }
@@ -30,8 +33,8 @@ inline double activate(const Activation& a, double gate, double up) {
 }
 
 // y += scale * down(act(gate x, up x)) for one expert with w13 [2I, H], w2 [H, I].
-inline void add_mlp(const Activation& act, const double* w13, const double* w2, int64_t H, int64_t I,
-                    const double* x, double scale, double* y) {
+inline void add_mlp(const Activation& act, const double* w13, const double* w2, int64_t H,
+                    int64_t I, const double* x, double scale, double* y) {
   std::vector<double> a(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
@@ -58,8 +61,8 @@ inline std::vector<double> oracle_output(const ModelSpec& spec, const LayerWeigh
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ids[t * k + j];
-      add_mlp(spec.activation, &w13[e * 2 * I * H], &w2[e * H * I], H, I, &x[t * H], weights[t * k + j],
-              &out[t * H]);
+      add_mlp(spec.activation, &w13[e * 2 * I * H], &w2[e * H * I], H, I, &x[t * H],
+              weights[t * k + j], &out[t * H]);
     }
   }
   if (spec.n_shared > 0) {
@@ -67,7 +70,8 @@ inline std::vector<double> oracle_output(const ModelSpec& spec, const LayerWeigh
     const std::vector<double> s13 = to_doubles(w.shared_w13), s2 = to_doubles(w.shared_w2);
     for (int64_t t = 0; t < T; ++t) {
       for (int s = 0; s < spec.n_shared; ++s) {
-        add_mlp(spec.activation, &s13[s * 2 * Is * H], &s2[s * H * Is], H, Is, &x[t * H], 1.0, &out[t * H]);
+        add_mlp(spec.activation, &s13[s * 2 * Is * H], &s2[s * H * Is], H, Is, &x[t * H], 1.0,
+                &out[t * H]);
       }
     }
   }
@@ -88,6 +92,8 @@ inline double relative_l2(const TensorView& got, const std::vector<double>& want
 
 // The tolerance for an output stored in dtype (the oracle's float64 against a float32 core
 // with float32 accumulation, then rounding of the output).
-inline double tolerance(DType output) { return output == DType::f32 ? 1e-5 : 1e-2; }
+inline double tolerance(DType output) {
+  return output == DType::f32 ? 1e-5 : 1e-2;
+}
 
 }  // namespace moekit::test

@@ -53,8 +53,8 @@ class CpuCore final : public RunnerCore {
           kernels::weight_row(weights.w13, slot, I + i, w.b);
           for (int64_t r = first; r < first + count; ++r) {
             const float* x = rows.rows + r * H;
-            act[r * I + i] = kernels::activate(p_.activation, kernels::dot(w.a, x, H),
-                                               kernels::dot(w.b, x, H));
+            act[r * I + i] =
+                kernels::activate(p_.activation, kernels::dot(w.a, x, H), kernels::dot(w.b, x, H));
           }
         }
       }

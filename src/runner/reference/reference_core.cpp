@@ -36,10 +36,10 @@ class ReferenceCore final : public RunnerCore {
 
  private:
   struct Buffers {
-    float* row;      // one weight or hidden row, widened to f32
-    double* x;       // [H]
-    double* act;     // [I]
-    double* acc;     // [H]
+    float* row;   // one weight or hidden row, widened to f32
+    double* x;    // [H]
+    double* act;  // [I]
+    double* acc;  // [H]
   };
 
   Buffers carve(ScratchCarver& scratch) const {

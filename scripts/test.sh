@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# All tests: formatting, the release build, and the same tests under ASan + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+echo "== clang-format"
+git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
+
+for flavour in release asan; do
+  echo "== $flavour build"
+  scripts/build.sh "$flavour"
+  echo "== $flavour tests"
+  (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
+done
+
+echo "== fuzz: model-spec JSON reader (bounded time)"
+CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF >/dev/null
+cmake --build build/fuzz -j "$(nproc)" --target spec_json_fuzzer
+# New inputs go to a scratch directory; the corpus in the repository is only read.
+scratch=$(mktemp -d)
+build/fuzz/fuzz/spec_json_fuzzer -max_total_time="${MOEKIT_FUZZ_SECONDS:-30}" -print_final_stats=1 \
+  "$scratch" fuzz/corpus/spec_json 2>&1 | tail -n 3
+rm -rf "$scratch"

@@ -1,0 +1,238 @@
+// The moekit command, run as a subprocess: exit codes 0 (success), 2 (a configuration refused by
+// resolve()), 1 (any other error), and what it prints.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace moekit {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `moekit <args>`; args are passed to the shell as written.
+RunResult run_moekit(const std::string& args) {
+  const std::string command = "'" MOEKIT_BINARY_DIR "/tools/moekit' " + args + " 2>&1";
+  RunResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "popen failed for: " << command;
+    return result;
+  }
+  char buffer[4096];
+  size_t read = 0;
+  while ((read = std::fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    result.output.append(buffer, read);
+  const int status = pclose(pipe);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+bool contains(const std::string& text, const std::string& word) {
+  return text.find(word) != std::string::npos;
+}
+
+// A spec file in a fresh temporary directory, removed with the object.
+class TempSpecFile {
+ public:
+  explicit TempSpecFile(const std::string& json) {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("moekit-cli-" + std::to_string(getpid()) + "-" + info->name());
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ / "spec.json";
+    std::ofstream(path_) << json;
+  }
+  ~TempSpecFile() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  TempSpecFile(const TempSpecFile&) = delete;
+  TempSpecFile& operator=(const TempSpecFile&) = delete;
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::filesystem::path path_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// explain for each preset
+
+class CliExplainPreset : public testing::TestWithParam<const char*> {};
+
+TEST_P(CliExplainPreset, ExitsZeroAndNamesTheFiveLayers) {
+  const RunResult r = run_moekit(std::string("explain --preset ") + GetParam());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, std::string("plan for ") + GetParam())) << r.output;
+  for (const char* layer : {"1 block", "2 experts", "3 dispatcher", "4 runner", "5 quant method"}) {
+    EXPECT_TRUE(contains(r.output, layer)) << "'" << layer << "' not in:\n" << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CliExplainPreset, testing::Values("dsv3", "qwen3-moe", "mixtral"),
+                         [](const testing::TestParamInfo<const char*>& param_info) {
+                           std::string name = param_info.param;
+                           std::erase(name, '-');
+                           return name;
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Exit codes of explain
+
+struct ExitRow {
+  const char* label;
+  const char* args;
+  int exit_code;
+  std::vector<std::string> mentions;  // each must appear in the output
+};
+void PrintTo(const ExitRow& row, std::ostream* os) {
+  *os << row.label;
+}
+
+class CliExit : public testing::TestWithParam<ExitRow> {};
+
+TEST_P(CliExit, ExitCodeAndMessage) {
+  const ExitRow& row = GetParam();
+  const RunResult r = run_moekit(row.args);
+  EXPECT_EQ(r.exit_code, row.exit_code) << "moekit " << row.args << "\n" << r.output;
+  for (const std::string& word : row.mentions) {
+    EXPECT_TRUE(contains(r.output, word)) << "'" << word << "' not in:\n" << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Explain, CliExit,
+    testing::Values(
+        ExitRow{
+            "runner_cuda_refused", "explain --preset dsv3 --runner cuda", 2, {"refused", "cuda"}},
+        ExitRow{"device_cuda_refused", "explain --device cuda:0", 2, {"refused", "cuda:0"}},
+        ExitRow{"a2a_mpi_refused", "explain --a2a mpi --ep-size 2", 2, {"refused", "mpi"}},
+        ExitRow{"fp8_block_refused", "explain --weights fp8-block", 2, {"refused", "fp8-block"}},
+        ExitRow{"fallback_refused_under_strict",
+                "explain --form fused-slot --preset qwen3-moe --strict",
+                2,
+                {"strict", "fused-slot"}},
+        ExitRow{"fallback_allowed_without_strict",
+                "explain --form fused-slot --preset qwen3-moe",
+                0,
+                {"FALLBACK", "fused-slot"}},
+        ExitRow{"unknown_runner_is_an_error", "explain --runner nonsense", 1, {"nonsense"}},
+        ExitRow{"missing_spec_file_is_an_error",
+                "explain --spec /nonexistent.json",
+                1,
+                {"/nonexistent.json"}}),
+    [](const testing::TestParamInfo<ExitRow>& param_info) {
+      return std::string(param_info.param.label);
+    });
+
+TEST(CliExplain, RefusedRunnerNamesALegalRunner) {
+  const RunResult r = run_moekit("explain --preset dsv3 --runner cuda");
+  ASSERT_EQ(r.exit_code, 2) << r.output;
+  const size_t legal = r.output.find("legal here:");
+  ASSERT_NE(legal, std::string::npos) << r.output;
+  const std::string legal_part = r.output.substr(legal);
+  EXPECT_TRUE(contains(legal_part, "cpu")) << r.output;
+  EXPECT_FALSE(contains(legal_part, "cuda")) << r.output;
+}
+
+TEST(CliExplain, ImpossibleSpecFileIsRefused) {
+  const TempSpecFile spec(R"({"name": "impossible", "hidden_size": 16,
+      "moe_intermediate_size": 8, "n_experts": 8, "top_k": 9, "scoring": "softmax"})");
+  const RunResult r = run_moekit("explain --spec '" + spec.path() + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "impossible")) << r.output;
+  EXPECT_TRUE(contains(r.output, "top-k")) << r.output;
+}
+
+TEST(CliExplain, ValidSpecFileIsExplained) {
+  const TempSpecFile spec(R"({"name": "tiny", "hidden_size": 16,
+      "moe_intermediate_size": 8, "n_experts": 8, "top_k": 2, "scoring": "softmax"})");
+  const RunResult r = run_moekit("explain --spec '" + spec.path() + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "plan for tiny")) << r.output;
+}
+
+TEST(CliExplain, MalformedSpecFileIsAnErrorNamingTheFile) {
+  const TempSpecFile spec(R"({"hidden_size": 16,)");
+  const RunResult r = run_moekit("explain --spec '" + spec.path() + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, spec.path())) << r.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// matrix and demo
+
+TEST(CliMatrix, ReportsResolvingAndRefusedCombinations) {
+  const RunResult r = run_moekit("matrix");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "ok: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "refused")) << r.output;
+  std::smatch totals;
+  ASSERT_TRUE(std::regex_search(r.output, totals,
+                                std::regex(R"((\d+) combinations resolve, (\d+) are refused)")))
+      << r.output;
+  EXPECT_GT(std::stoi(totals[1].str()), 0);
+  EXPECT_GT(std::stoi(totals[2].str()), 0);
+}
+
+TEST(CliDemo, SmallRunChecksAgainstTheReference) {
+  const RunResult r = run_moekit("demo --tokens 8 --repeats 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "relative L2 error")) << r.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// help and usage
+
+class CliHelp : public testing::TestWithParam<const char*> {};
+
+TEST_P(CliHelp, ExitsZeroWithUsage) {
+  const RunResult r = run_moekit(GetParam());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "Usage")) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Commands, CliHelp,
+                         testing::Values("--help", "demo --help", "explain --help",
+                                         "matrix --help"),
+                         [](const testing::TestParamInfo<const char*>& param_info) {
+                           const std::string args = param_info.param;
+                           return args == "--help" ? std::string("app")
+                                                   : args.substr(0, args.find(' '));
+                         });
+
+TEST(CliUsage, AppHelpListsTheSubcommands) {
+  const RunResult r = run_moekit("--help");
+  for (const char* command : {"demo", "explain", "matrix"}) {
+    EXPECT_TRUE(contains(r.output, command)) << "'" << command << "' not in:\n" << r.output;
+  }
+}
+
+TEST(CliUsage, NoSubcommandExitsNonZero) {
+  const RunResult r = run_moekit("");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, -1) << "did not exit normally";
+  EXPECT_TRUE(contains(r.output, "subcommand")) << r.output;
+}
+
+TEST(CliUsage, UnknownSubcommandExitsNonZero) {
+  const RunResult r = run_moekit("frobnicate");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, -1) << "did not exit normally";
+}
+
+}  // namespace
+}  // namespace moekit
