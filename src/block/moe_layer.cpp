@@ -10,6 +10,7 @@
 #include "experts/experts_layer.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
+#include "moekit/log.hpp"
 #include "routing/topk.hpp"
 
 namespace moekit {
@@ -139,6 +140,10 @@ class MoeLayer::Impl {
       }
     }
     if (plan.adds_shared_output) build_shared(weights);
+    for (const Decision* d : plan.fallbacks()) {
+      log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", spec.name, d->topic,
+          *d->fallback, d->reason);
+    }
 
     const int64_t T = plan.options.max_tokens;
     logical_ids_.resize(static_cast<size_t>(T * top_k_));
