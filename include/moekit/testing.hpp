@@ -5,6 +5,7 @@
 #include <random>
 
 #include "moekit/layer.hpp"
+#include "moekit/options.hpp"
 #include "moekit/spec.hpp"
 #include "moekit/tensor.hpp"
 
@@ -22,6 +23,11 @@ struct RandomWeights {
   static RandomWeights make(const ModelSpec& spec, DType dtype, uint64_t seed);
   LayerWeights view() const;
 };
+
+// The dtype to make random weights in for a plan's weight format: the format's own for f32, f16
+// and bf16, so the layer holds them exactly; bf16, the usual source of online quantization,
+// for the others.
+DType random_weights_dtype(WeightFormat format);
 
 // A tensor of normal(0, stddev) values stored in dtype.
 Tensor random_tensor(Shape shape, DType dtype, std::mt19937_64& rng, float stddev = 1.0f);

@@ -8,6 +8,14 @@
 
 namespace moekit {
 
+DType random_weights_dtype(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::f32: return DType::f32;
+    case WeightFormat::f16: return DType::f16;
+    default: return DType::bf16;
+  }
+}
+
 Tensor random_tensor(Shape shape, DType dtype, std::mt19937_64& rng, float stddev) {
   Tensor tensor = Tensor::empty(dtype, shape);
   std::normal_distribution<float> normal(0.0f, stddev);

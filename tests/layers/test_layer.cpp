@@ -76,7 +76,7 @@ TEST_P(LayerPath, MatchesFloat64Oracle) {
   options.weights = c.weights;
   options.max_tokens = c.max_tokens;
   const Plan plan = resolve(c.spec, options, Platform::cpu_only(3));
-  const RandomWeights weights = RandomWeights::make(c.spec, storage_dtype(c.weights), 11);
+  const RandomWeights weights = RandomWeights::make(c.spec, random_weights_dtype(c.weights), 11);
   const Inputs in = random_inputs(c.spec, c.tokens, c.hidden, 12);
   const LayerRun run = run_plan(plan, weights.view(), in);
   const std::vector<double> want =

@@ -30,17 +30,6 @@ inline ModelSpec small_dsv3() {
   return spec;
 }
 
-inline DType storage_dtype(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::f32:
-      return DType::f32;
-    case WeightFormat::f16:
-      return DType::f16;
-    default:
-      return DType::bf16;
-  }
-}
-
 struct Inputs {
   Tensor hidden;
   Tensor logits;
