@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,6 +174,10 @@ struct Case {
   double bias_range;  // the correction bias is uniform in [-bias_range, bias_range]
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
 class RouterMatchesOracle : public testing::TestWithParam<Case> {};
 
 TEST_P(RouterMatchesOracle, OnRandomLogits) {
@@ -231,12 +236,15 @@ RoutingSpec dsv3_spec() {
           .routed_scaling_factor = 2.5f};
 }
 
+// Softmax cases draw logits with sigma 1: float32 rounds x - max to 2^-24 relative, which exp
+// turns into |x - max| * 2^-24 relative error in the score, and a wider spread would push the
+// experts far below the max towards the 1e-6 tolerance through no fault of the router.
 INSTANTIATE_TEST_SUITE_P(
     Models, RouterMatchesOracle,
     testing::Values(
-        Case{"softmax_top2_no_renorm", 8, softmax_spec(2, false), 2.0, 0.0},
-        Case{"mixtral_softmax_top2_renorm", 8, softmax_spec(2, true), 2.0, 0.0},
-        Case{"qwen3_softmax_top8_renorm", 128, softmax_spec(8, true), 2.0, 0.0},
+        Case{"softmax_top2_no_renorm", 8, softmax_spec(2, false), 1.0, 0.0},
+        Case{"mixtral_softmax_top2_renorm", 8, softmax_spec(2, true), 1.0, 0.0},
+        Case{"qwen3_softmax_top8_renorm", 128, softmax_spec(8, true), 1.0, 0.0},
         Case{"dsv3_sigmoid_bias_top2sum_groups", 256, dsv3_spec(), 2.0, 0.3},
         Case{"dsv2_softmax_group_max",
              64,
@@ -246,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
               .topk_group = 3,
               .group_score = GroupScore::max,
               .routed_scaling_factor = 16.0f},
-             2.0,
+             1.0,
              0.0},
         Case{"sqrt_softplus_bias_renorm",
              64,
@@ -259,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(
              0.2},
         Case{
             "sigmoid_no_renorm_ungrouped", 64, {.scoring = Scoring::sigmoid, .top_k = 4}, 2.0, 0.0},
-        Case{"top_k_equals_n_experts", 16, softmax_spec(16, true), 2.0, 0.0}),
+        Case{"top_k_equals_n_experts", 16, softmax_spec(16, true), 1.0, 0.0}),
     [](const testing::TestParamInfo<Case>& test) { return test.param.name; });
 
 testing::AssertionResult fails_with(Errc code, const std::string& needle,
@@ -349,6 +357,18 @@ TEST(SelectExperts, ExcludedGroupIsNeverSelectedEvenWithTheBestExpert) {
   spec.top_k = 2;
   spec.group_score = GroupScore::max;
   EXPECT_EQ(route_f32(spec, 8, logits, nullptr).ids, (std::vector<int32_t>{0, 2}));
+}
+
+TEST(SelectExperts, Top2SumCountsARepeatedBestValueTwice) {
+  // Group 0 is {0.5, 0.881, 0.881, 0.047}: 1.762 with the repeat, 1.381 without it, either side
+  // of group 1's 1.462.
+  std::vector<float> logits = {0.0f, 2.0f, 2.0f, -3.0f, 1.0f, 1.0f, -3.0f, -3.0f};
+  const RoutingSpec spec{.scoring = Scoring::sigmoid,
+                         .top_k = 1,
+                         .n_group = 2,
+                         .topk_group = 1,
+                         .group_score = GroupScore::top2_sum};
+  EXPECT_EQ(route_f32(spec, 8, logits, nullptr).ids, std::vector<int32_t>{1});
 }
 
 TEST(SelectExperts, UnderflowedScoresRenormaliseToZeroNotNan) {
@@ -546,6 +566,7 @@ TEST(SelectExperts, EmptyBatchWritesNothing) {
     EXPECT_EQ(ids, ids_before);
     EXPECT_EQ(
         std::memcmp(weights.data(), weight_bits_before.data(), weights.size() * sizeof(float)), 0);
+    EXPECT_NO_THROW(select_experts(spec, 256, view, bias.data(), true, nullptr, nullptr, p));
   }
 }
 
