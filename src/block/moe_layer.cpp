@@ -117,6 +117,8 @@ class MoeLayer::Impl {
       const auto* bias = weights.correction_bias.as<const float>();
       correction_bias_.assign(bias, bias + E);
     }
+    router_.emplace(plan_.spec.routing, spec.n_experts,
+                    correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
     const int64_t Is = spec.shared_intermediate;
     if (spec.n_shared > 0) {
       check_weight(weights.shared_w13, "shared_w13", {spec.n_shared, 2 * Is, H});
@@ -303,6 +305,7 @@ class MoeLayer::Impl {
   std::optional<BackgroundWorker> shared_worker_;
   TensorView shared_input_;
   std::vector<float> correction_bias_;
+  std::optional<routing::Router> router_;
   std::vector<int32_t> logical_ids_;
   std::vector<float> logical_weights_;
   std::vector<int32_t> physical_ids_;

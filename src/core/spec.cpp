@@ -4,8 +4,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <type_traits>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 

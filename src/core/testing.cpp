@@ -10,9 +10,12 @@ namespace moekit {
 
 DType random_weights_dtype(WeightFormat format) {
   switch (format) {
-    case WeightFormat::f32: return DType::f32;
-    case WeightFormat::f16: return DType::f16;
-    default: return DType::bf16;
+    case WeightFormat::f32:
+      return DType::f32;
+    case WeightFormat::f16:
+      return DType::f16;
+    default:
+      return DType::bf16;
   }
 }
 

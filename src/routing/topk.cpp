@@ -53,16 +53,16 @@ class BestK {
   int size_ = 0;
 };
 
-struct Router {
+struct RouteParams {
   const RoutingSpec& spec;
   int n_experts;
   int group_size;  // n_experts when ungrouped
   const float* bias;
 };
 
-// Per-chunk working memory, so that no row allocates.
+// One thread's working memory, sized when the Router is built.
 struct Scratch {
-  explicit Scratch(const Router& router)
+  explicit Scratch(const RouteParams& router)
       : converted(router.n_experts),
         score(router.n_experts),
         choice(router.bias ? router.n_experts : 0),
@@ -125,7 +125,7 @@ float group_value(GroupScore rule, const float* choice, int group_size) {
   return first + second;
 }
 
-void route_row(const Router& router, const float* x, Scratch& scratch, int32_t* ids,
+void route_row(const RouteParams& router, const float* x, Scratch& scratch, int32_t* ids,
                float* weights) {
   const RoutingSpec& spec = router.spec;
   const int n = router.n_experts;
@@ -216,22 +216,40 @@ struct NonFinite {
 
 }  // namespace
 
-void select_experts(const RoutingSpec& spec, int n_experts, const TensorView& logits,
-                    const float* correction_bias, bool check_finite, int32_t* ids, float* weights,
-                    ThreadPool* pool) {
-  check_spec(spec, n_experts);
-  check_logits(logits, n_experts);
-  if (spec.correction_bias != (correction_bias != nullptr)) {
+struct Router::Workspace {
+  RouteParams params;
+  std::vector<Scratch> scratch;  // one per thread
+};
+
+Router::Router(const RoutingSpec& spec, int n_experts, const float* correction_bias, int threads)
+    : spec_(spec), n_experts_(n_experts) {
+  check_spec(spec_, n_experts);
+  if (spec_.correction_bias != (correction_bias != nullptr)) {
     fail(Errc::invalid_argument, "correction_bias: {} but spec.correction_bias is {}",
-         correction_bias ? "given" : "null", spec.correction_bias);
+         correction_bias ? "given" : "null", spec_.correction_bias);
   }
+  const RouteParams params{spec_, n_experts, n_experts / spec_.n_group, correction_bias};
+  workspace_ = std::make_unique<Workspace>(Workspace{
+      params, std::vector<Scratch>(static_cast<size_t>(std::max(1, threads)), Scratch(params))});
+}
+
+Router::~Router() = default;
+
+void Router::select(const TensorView& logits, bool check_finite, int32_t* ids, float* weights,
+                    ThreadPool* pool) {
+  check_logits(logits, n_experts_);
   const int64_t rows = logits.dim(0);
   if (rows == 0) return;
   if (ids == nullptr || weights == nullptr) {
     fail(Errc::invalid_argument, "select_experts: the ids and weights outputs must not be null");
   }
+  if (pool != nullptr && pool->size() > static_cast<int>(workspace_->scratch.size())) {
+    fail(Errc::internal, "router built for {} threads, run on {}", workspace_->scratch.size(),
+         pool->size());
+  }
 
-  const Router router{spec, n_experts, n_experts / spec.n_group, correction_bias};
+  const RouteParams& router = workspace_->params;
+  const int n_experts = n_experts_;
   const auto* bytes = static_cast<const char*>(logits.data);
   const int64_t row_bytes = dtype_storage_bytes(logits.dtype, n_experts);
   // Each chunk stops at its first non-finite row; the lowest of those is the first in the batch,
@@ -239,8 +257,8 @@ void select_experts(const RoutingSpec& spec, int n_experts, const TensorView& lo
   std::mutex bad_mutex;
   NonFinite bad;
 
-  auto route_rows = [&](int64_t begin, int64_t end) {
-    Scratch scratch(router);
+  auto route_rows = [&](int64_t begin, int64_t end, int worker) {
+    Scratch& scratch = workspace_->scratch[worker];
     for (int64_t r = begin; r < end; ++r) {
       const void* row = bytes + r * row_bytes;
       const float* x = static_cast<const float*>(row);
@@ -257,18 +275,25 @@ void select_experts(const RoutingSpec& spec, int n_experts, const TensorView& lo
           return;
         }
       }
-      route_row(router, x, scratch, ids + r * spec.top_k, weights + r * spec.top_k);
+      route_row(router, x, scratch, ids + r * spec_.top_k, weights + r * spec_.top_k);
     }
   };
   if (pool) {
-    pool->parallel_for(rows, route_rows);
+    pool->parallel_chunks(rows, route_rows);
   } else {
-    route_rows(0, rows);
+    route_rows(0, rows, 0);
   }
   if (bad.row >= 0) {
     fail(Errc::invalid_argument, "router_logits: row {} has a non-finite value ({}) at expert {}",
          bad.row, bad.value, bad.expert);
   }
+}
+
+void select_experts(const RoutingSpec& spec, int n_experts, const TensorView& logits,
+                    const float* correction_bias, bool check_finite, int32_t* ids, float* weights,
+                    ThreadPool* pool) {
+  Router router(spec, n_experts, correction_bias, pool ? pool->size() : 1);
+  router.select(logits, check_finite, ids, weights, pool);
 }
 
 }  // namespace moekit::routing

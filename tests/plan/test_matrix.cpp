@@ -37,7 +37,8 @@ TEST(Matrix, EveryCombinationResolvesAndMatchesOrIsRefused) {
                 continue;
               }
               ++resolved;
-              const RandomWeights weights = RandomWeights::make(spec, random_weights_dtype(format), 52);
+              const RandomWeights weights =
+                  RandomWeights::make(spec, random_weights_dtype(format), 52);
               const Inputs sized = max_tokens >= 7
                                        ? random_inputs(spec, 7, DType::f32, 51)
                                        : random_inputs(spec, max_tokens, DType::f32, 51);
