@@ -10,7 +10,6 @@ namespace moekit {
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 
 LogLevel log_level();
-void set_log_level(LogLevel level);
 void log_write(LogLevel level, std::string_view message);
 
 template <typename... Args>

@@ -3,7 +3,6 @@
 // it runs (that is Options and Plan).
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,10 +78,7 @@ struct ModelSpec {
 };
 
 std::string_view scoring_name(Scoring scoring);
-std::optional<Scoring> parse_scoring(std::string_view name);
 std::string_view group_score_name(GroupScore rule);
-std::optional<GroupScore> parse_group_score(std::string_view name);
 std::string_view activation_name(ActivationKind kind);
-std::optional<ActivationKind> parse_activation(std::string_view name);
 
 }  // namespace moekit

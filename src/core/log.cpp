@@ -42,9 +42,6 @@ const char* level_name(LogLevel level) {
 LogLevel log_level() {
   return current_level().load(std::memory_order_relaxed);
 }
-void set_log_level(LogLevel level) {
-  current_level().store(level, std::memory_order_relaxed);
-}
 
 void log_write(LogLevel level, std::string_view message) {
   static std::mutex mutex;

@@ -130,20 +130,11 @@ Enum get_enum(const json& object, const char* key,
 std::string_view scoring_name(Scoring scoring) {
   return name_of(scoring, kScorings);
 }
-std::optional<Scoring> parse_scoring(std::string_view name) {
-  return name_lookup(name, kScorings);
-}
 std::string_view group_score_name(GroupScore rule) {
   return name_of(rule, kGroupScores);
 }
-std::optional<GroupScore> parse_group_score(std::string_view name) {
-  return name_lookup(name, kGroupScores);
-}
 std::string_view activation_name(ActivationKind kind) {
   return name_of(kind, kActivations);
-}
-std::optional<ActivationKind> parse_activation(std::string_view name) {
-  return name_lookup(name, kActivations);
 }
 
 std::string Activation::str() const {

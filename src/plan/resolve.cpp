@@ -236,7 +236,7 @@ void decide_dispatcher(Plan& plan) {
             "ranks' partial outputs add up to the layer's output";
   plan.decisions.push_back({PlanLayer::dispatcher,
                             "dispatcher",
-                            "standard",
+                            std::string(dispatcher_name(plan.dispatcher)),
                             reason,
                             {{"mpi", "not built"}, {"nccl", "not built"}},
                             std::nullopt});
