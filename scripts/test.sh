@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# All tests: formatting, the release build, and the same tests under ASan + UBSan.
+# All tests: formatting, a bounded fuzz run of the spec reader, the release build, and the same
+# tests under ASan + UBSan. The last line is ctest's summary of the sanitized run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 echo "== clang-format"
 git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
-
-for flavour in release asan; do
-  echo "== $flavour build"
-  scripts/build.sh "$flavour"
-  echo "== $flavour tests"
-  (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
-done
 
 echo "== fuzz: model-spec JSON reader (bounded time)"
 CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF >/dev/null
@@ -22,3 +16,10 @@ scratch=$(mktemp -d)
 build/fuzz/fuzz/spec_json_fuzzer -max_total_time="${MOEKIT_FUZZ_SECONDS:-30}" -print_final_stats=1 \
   "$scratch" fuzz/corpus/spec_json 2>&1 | tail -n 3
 rm -rf "$scratch"
+
+for flavour in release asan; do
+  echo "== $flavour build"
+  scripts/build.sh "$flavour"
+  echo "== $flavour tests"
+  (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
+done

@@ -65,6 +65,8 @@ struct TensorView {
   }
   // Sub-tensor i along axis 0 (a view, no copy).
   TensorView select(int64_t index) const;
+  // Elements [first, first + count) along `axis` (a view, no copy).
+  TensorView narrow(int axis, int64_t first, int64_t count) const;
 };
 
 // Owning, aligned memory on one device. Move-only.

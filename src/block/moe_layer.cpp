@@ -59,24 +59,6 @@ void check_finite_rows(const TensorView& t, const char* name, std::vector<float>
   }
 }
 
-// Row r of a [rows, cols] tensor as a 2-D view of `count` rows starting at `first`.
-TensorView rows_of(const TensorView& matrix, int64_t first, int64_t count) {
-  TensorView view = matrix;
-  view.shape = {count, matrix.dim(1)};
-  view.strides = {matrix.strides[0], matrix.strides[1], 0, 0};
-  view.data = static_cast<char*>(matrix.data) +
-              dtype_storage_bytes(matrix.dtype, first * matrix.strides[0]);
-  return view;
-}
-
-// Columns [first, first + count) of a [rows, cols] tensor.
-TensorView columns_of(const TensorView& matrix, int64_t first, int64_t count) {
-  TensorView view = matrix;
-  view.shape = {matrix.dim(0), count};
-  view.data = static_cast<char*>(matrix.data) + dtype_storage_bytes(matrix.dtype, first);
-  return view;
-}
-
 void check_weight(const TensorView& t, const char* name, Shape expected) {
   if (t.data == nullptr)
     fail(Errc::invalid_argument, "weights.{}: missing, expected {}", name, expected.str());
@@ -128,7 +110,7 @@ class MoeLayer::Impl {
     for (int slot = 0; slot < plan.local_routed; ++slot) {
       const int logical = plan.location.physical_to_logical[plan.first_local + slot];
       const TensorView w13 = weights.w13.select(logical);
-      routed_.load(slot, rows_of(w13, 0, I), rows_of(w13, I, I), weights.w2.select(logical));
+      routed_.load(slot, w13.narrow(0, 0, I), w13.narrow(0, I, I), weights.w2.select(logical));
     }
     // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated
     // activations act element-wise along I, so its gate/up rows and down columns split cleanly.
@@ -137,8 +119,8 @@ class MoeLayer::Impl {
       const TensorView w13 = weights.shared_w13.select(s);
       const TensorView w2 = weights.shared_w2.select(s);
       for (int q = 0; q < pieces; ++q) {
-        routed_.load(plan.local_routed + s * pieces + q, rows_of(w13, q * I, I),
-                     rows_of(w13, Is + q * I, I), columns_of(w2, q * I, I));
+        routed_.load(plan.local_routed + s * pieces + q, w13.narrow(0, q * I, I),
+                     w13.narrow(0, Is + q * I, I), w2.narrow(1, q * I, I));
       }
     }
     if (plan.adds_shared_output) build_shared(weights);
@@ -237,7 +219,7 @@ class MoeLayer::Impl {
     shared_.emplace(plan_, problem, identity);
     for (int s = 0; s < n; ++s) {
       const TensorView w13 = weights.shared_w13.select(s);
-      shared_->load(s, rows_of(w13, 0, Is), rows_of(w13, Is, Is), weights.shared_w2.select(s));
+      shared_->load(s, w13.narrow(0, 0, Is), w13.narrow(0, Is, Is), weights.shared_w2.select(s));
     }
     const int64_t entries = plan_.options.max_tokens * n;
     shared_ids_.resize(static_cast<size_t>(entries));

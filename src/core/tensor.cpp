@@ -103,6 +103,21 @@ TensorView TensorView::select(int64_t index) const {
   return sub;
 }
 
+TensorView TensorView::narrow(int axis, int64_t first, int64_t count) const {
+  if (axis < 0 || axis >= rank() || first < 0 || count < 0 || first + count > shape[axis]) {
+    fail(Errc::internal, "narrow(axis {}, {}, {}) out of range for {}", axis, first, count,
+         describe());
+  }
+  const int64_t offset = first * strides[axis];
+  if (dtype_bits(dtype) < 8 && offset % 2 != 0) {
+    fail(Errc::internal, "narrow of {} would start inside a byte", describe());
+  }
+  TensorView view = *this;
+  view.shape.dims[axis] = count;
+  view.data = static_cast<char*>(data) + dtype_storage_bytes(dtype, offset);
+  return view;
+}
+
 Buffer Buffer::allocate(Device device, int64_t bytes) {
   if (bytes < 0) fail(Errc::internal, "negative allocation of {} bytes", bytes);
   if (device.kind != DeviceKind::cpu) {
