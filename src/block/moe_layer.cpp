@@ -20,9 +20,10 @@ bool is_activation_dtype(DType dtype) {
   return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
 }
 
-// Checks a caller's tensor: on the CPU, contiguous, one of f32/bf16/f16, and the expected shape
-// (a dimension of -1 matches any size).
-void check_input(const TensorView& t, const char* name, std::initializer_list<int64_t> expected) {
+// Checks a caller's tensor: on the plan's device, contiguous, one of f32/bf16/f16, and the
+// expected shape (a dimension of -1 matches any size).
+void check_input(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,
+                 Device device) {
   std::string want = "[";
   bool shape_ok = t.rank() == static_cast<int>(expected.size());
   int axis = 0;
@@ -38,8 +39,9 @@ void check_input(const TensorView& t, const char* name, std::initializer_list<in
   if (!is_activation_dtype(t.dtype)) {
     fail(Errc::invalid_argument, "{}: dtype must be f32, bf16 or f16, got {}", name, t.describe());
   }
-  if (t.device.kind != DeviceKind::cpu) {
-    fail(Errc::invalid_argument, "{}: this plan runs on the CPU, got {}", name, t.describe());
+  if (t.device != device) {
+    fail(Errc::invalid_argument, "{}: the plan runs on {}, got {}", name, device.str(),
+         t.describe());
   }
   if (!t.is_contiguous())
     fail(Errc::invalid_argument, "{}: must be contiguous, got {}", name, t.describe());
@@ -141,10 +143,10 @@ class MoeLayer::Impl {
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& output,
                const RoutingResult* routing) {
     const ModelSpec& spec = plan_.spec;
-    check_input(hidden, "hidden_states", {-1, spec.hidden});
+    check_input(hidden, "hidden_states", {-1, spec.hidden}, plan_.options.device);
     const int64_t T = hidden.dim(0);
-    check_input(logits, "router_logits", {T, spec.n_experts});
-    check_input(output, "output", {T, spec.hidden});
+    check_input(logits, "router_logits", {T, spec.n_experts}, plan_.options.device);
+    check_input(output, "output", {T, spec.hidden}, plan_.options.device);
     if (output.dtype != hidden.dtype) {
       fail(Errc::invalid_argument, "output: dtype must match hidden_states ({}), got {}",
            dtype_name(hidden.dtype), output.describe());
@@ -263,17 +265,17 @@ class MoeLayer::Impl {
 
   void check_routing_result(const RoutingResult& routing, int64_t T) const {
     const bool ids_ok = routing.ids.dtype == DType::i32 && routing.ids.shape == Shape{T, top_k_} &&
-                        routing.ids.is_contiguous() && routing.ids.device.kind == DeviceKind::cpu;
+                        routing.ids.is_contiguous() && routing.ids.device == plan_.options.device;
     const bool weights_ok =
         routing.weights.dtype == DType::f32 && routing.weights.shape == Shape{T, top_k_} &&
-        routing.weights.is_contiguous() && routing.weights.device.kind == DeviceKind::cpu;
+        routing.weights.is_contiguous() && routing.weights.device == plan_.options.device;
     if (!ids_ok) {
-      fail(Errc::invalid_argument, "topk_ids: expected contiguous i32[{}, {}] on cpu, got {}", T,
-           top_k_, routing.ids.describe());
+      fail(Errc::invalid_argument, "topk_ids: expected contiguous i32[{}, {}] on {}, got {}", T,
+           top_k_, plan_.options.device.str(), routing.ids.describe());
     }
     if (!weights_ok) {
-      fail(Errc::invalid_argument, "topk_weights: expected contiguous f32[{}, {}] on cpu, got {}",
-           T, top_k_, routing.weights.describe());
+      fail(Errc::invalid_argument, "topk_weights: expected contiguous f32[{}, {}] on {}, got {}", T,
+           top_k_, plan_.options.device.str(), routing.weights.describe());
     }
   }
 

@@ -97,6 +97,21 @@ TEST_F(BadInput, TensorOnAGpuIsRefused) {
   expect_refused(on_gpu, in.logits, output, {"hidden_states", "cuda:0"});
 }
 
+TEST_F(BadInput, RoutingResultOfTheWrongShapeIsRefused) {
+  std::vector<int32_t> ids(4 * 3);
+  std::vector<float> routing_weights(4 * spec.routing.top_k);
+  const RoutingResult routing{
+      TensorView::contiguous(ids.data(), DType::i32, {4, 3}),
+      TensorView::contiguous(routing_weights.data(), DType::f32, {4, spec.routing.top_k})};
+  output.fill_bytes(kPoison);
+  try {
+    layer->forward(in.hidden, in.logits, output, &routing);
+    FAIL() << "forward accepted topk_ids of 3 columns for top-4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("topk_ids"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(BadInput, EmptyBatchGivesAnEmptyOutput) {
   const Tensor hidden = Tensor::empty(DType::f32, {0, spec.hidden});
   const Tensor logits = Tensor::empty(DType::f32, {0, spec.n_experts});
