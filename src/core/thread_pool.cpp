@@ -2,10 +2,12 @@
 
 #include <algorithm>
 
+#include "moekit/error.hpp"
+
 namespace moekit {
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < 1) fail(Errc::internal, "a thread pool needs at least one thread, got {}", threads);
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int w = 0; w < threads - 1; ++w) workers_.emplace_back([this, w] { worker_loop(w + 1); });
 }

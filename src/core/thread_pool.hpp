@@ -13,7 +13,8 @@ namespace moekit {
 
 class ThreadPool {
  public:
-  // threads <= 0: one per hardware thread.
+  // threads >= 1, the calling thread included; anything else throws internal (the count comes
+  // from the plan, which takes it from Platform::probe).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
