@@ -70,4 +70,24 @@ inline std::vector<double> as_doubles(const Tensor& t) {
   return to_doubles(t.view());
 }
 
+// Runs every rank of options.ep on the same inputs: the sum of the ranks' outputs, and rank 0's
+// run (its routing is every rank's).
+struct RankSum {
+  std::vector<double> sum;
+  LayerRun rank0;
+};
+
+inline RankSum run_all_ranks(const ModelSpec& spec, Options options, const LayerWeights& weights,
+                             const Inputs& in) {
+  RankSum result{std::vector<double>(static_cast<size_t>(in.hidden.view().numel()), 0.0), {}};
+  for (int rank = 0; rank < options.ep.size; ++rank) {
+    options.ep.rank = rank;
+    LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights, in);
+    const std::vector<double> part = as_doubles(run.output);
+    for (size_t i = 0; i < part.size(); ++i) result.sum[i] += part[i];
+    if (rank == 0) result.rank0 = std::move(run);
+  }
+  return result;
+}
+
 }  // namespace moekit::test

@@ -78,9 +78,8 @@ inline std::vector<double> oracle_output(const ModelSpec& spec, const LayerWeigh
   return out;
 }
 
-// Relative L2 distance of a tensor from float64 values; non-finite anywhere gives +inf.
-inline double relative_l2(const TensorView& got, const std::vector<double>& want) {
-  const std::vector<double> g = to_doubles(got);
+// Relative L2 distance of got from want; non-finite anywhere in got gives +inf.
+inline double relative_l2(const std::vector<double>& g, const std::vector<double>& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     if (!std::isfinite(g[i])) return INFINITY;
@@ -88,6 +87,10 @@ inline double relative_l2(const TensorView& got, const std::vector<double>& want
     norm += want[i] * want[i];
   }
   return std::sqrt(diff / norm);
+}
+
+inline double relative_l2(const TensorView& got, const std::vector<double>& want) {
+  return relative_l2(to_doubles(got), want);
 }
 
 // The tolerance for an output stored in dtype (the oracle's float64 against a float32 core

@@ -38,46 +38,29 @@ class CpuCore final : public RunnerCore {
     const int64_t H = p_.hidden;
     const int64_t I = p_.intermediate;
 
-    const int64_t up_blocks = (I + kGateUpBlock - 1) / kGateUpBlock;
-    pool.parallel_chunks(p_.slots * up_blocks, [&](int64_t begin, int64_t end, int worker) {
-      ScratchCarver carver(worker_scratch(workers, worker_bytes_, worker));
-      const WorkerRows w = carve_worker(carver);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t slot = item / up_blocks;
-        const int64_t first = rows.offsets[slot];
-        const int64_t count = rows.offsets[slot + 1] - first;
-        if (count == 0) continue;
-        const int64_t i_end = std::min(I, (item % up_blocks + 1) * kGateUpBlock);
-        for (int64_t i = item % up_blocks * kGateUpBlock; i < i_end; ++i) {
-          kernels::weight_row(weights.w13, slot, i, w.a);
-          kernels::weight_row(weights.w13, slot, I + i, w.b);
-          for (int64_t r = first; r < first + count; ++r) {
-            const float* x = rows.rows + r * H;
-            act[r * I + i] =
-                kernels::activate(p_.activation, kernels::dot(w.a, x, H), kernels::dot(w.b, x, H));
-          }
-        }
-      }
-    });
-
-    const int64_t down_blocks = (H + kDownBlock - 1) / kDownBlock;
-    pool.parallel_chunks(p_.slots * down_blocks, [&](int64_t begin, int64_t end, int worker) {
-      ScratchCarver carver(worker_scratch(workers, worker_bytes_, worker));
-      const WorkerRows w = carve_worker(carver);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t slot = item / down_blocks;
-        const int64_t first = rows.offsets[slot];
-        const int64_t count = rows.offsets[slot + 1] - first;
-        if (count == 0) continue;
-        const int64_t h_end = std::min(H, (item % down_blocks + 1) * kDownBlock);
-        for (int64_t h = item % down_blocks * kDownBlock; h < h_end; ++h) {
-          kernels::weight_row(weights.w2, slot, h, w.a);
-          for (int64_t r = first; r < first + count; ++r) {
-            rows.row_out[r * H + h] = kernels::dot(w.a, act + r * I, I);
-          }
-        }
-      }
-    });
+    for_each_block(pool, rows, I, kGateUpBlock, workers,
+                   [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
+                       int64_t i_first, int64_t i_end) {
+                     for (int64_t i = i_first; i < i_end; ++i) {
+                       kernels::weight_row(weights.w13, slot, i, w.a);
+                       kernels::weight_row(weights.w13, slot, I + i, w.b);
+                       for (int64_t r = first; r < last; ++r) {
+                         const float* x = rows.rows + r * H;
+                         act[r * I + i] = kernels::activate(p_.activation, kernels::dot(w.a, x, H),
+                                                            kernels::dot(w.b, x, H));
+                       }
+                     }
+                   });
+    for_each_block(pool, rows, H, kDownBlock, workers,
+                   [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
+                       int64_t h_first, int64_t h_end) {
+                     for (int64_t h = h_first; h < h_end; ++h) {
+                       kernels::weight_row(weights.w2, slot, h, w.a);
+                       for (int64_t r = first; r < last; ++r) {
+                         rows.row_out[r * H + h] = kernels::dot(w.a, act + r * I, I);
+                       }
+                     }
+                   });
   }
 
  private:
@@ -85,6 +68,27 @@ class CpuCore final : public RunnerCore {
     float* a;  // a weight row widened to f32
     float* b;
   };
+  // Splits the work into (slot, block of `block` output rows out of `extent`) items over the
+  // pool, and calls body(worker rows, slot, its input rows [first, last), its output rows
+  // [out_first, out_end)) for each slot that received rows.
+  template <typename Body>
+  void for_each_block(ThreadPool& pool, const ContiguousRows& rows, int64_t extent, int64_t block,
+                      void* workers, Body body) const {
+    const int64_t blocks = (extent + block - 1) / block;
+    pool.parallel_chunks(p_.slots * blocks, [&](int64_t begin, int64_t end, int worker) {
+      ScratchCarver carver(worker_scratch(workers, worker_bytes_, worker));
+      const WorkerRows w = carve_worker(carver);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t slot = item / blocks;
+        const int64_t first = rows.offsets[slot];
+        const int64_t last = rows.offsets[slot + 1];
+        if (first == last) continue;
+        const int64_t out_first = item % blocks * block;
+        body(w, slot, first, last, out_first, std::min(extent, out_first + block));
+      }
+    });
+  }
+
   WorkerRows carve_worker(ScratchCarver& carver) const {
     const int64_t width = std::max(p_.hidden, p_.intermediate);
     return {carver.take<float>(width), carver.take<float>(width)};
