@@ -104,7 +104,8 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   const Plan plan = resolve(spec, options, platform);
   std::printf("%s\n", plan.explain().c_str());
 
-  const RandomWeights weights = RandomWeights::make(spec, random_weights_dtype(plan.weights), 2024);
+  const RandomWeights weights =
+      RandomWeights::make(spec, random_weights_dtype(plan.quant.format), 2024);
   std::mt19937_64 rng(7);
   const Tensor hidden = random_tensor({tokens, spec.hidden}, DType::bf16, rng);
   const Tensor logits = random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f);

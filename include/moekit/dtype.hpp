@@ -14,6 +14,7 @@ enum class DType : uint8_t {
   bf16,
   f8e4m3,  // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; 0x7F/0xFF are NaN
   i32,
+  i8,  // int4 zero points: one per byte
   i4,  // signed 4-bit, two per byte, element 2j in the low nibble of byte j
 };
 

@@ -8,15 +8,27 @@
 
 namespace moekit {
 
-// The model's weights for one layer, on the CPU, in any of f32, bf16, f16. The layer copies
-// (and converts to the plan's weight format) only what this rank holds.
+// The model's weights for one layer, on the CPU. Expert weights come as floats (f32, bf16, f16),
+// which the layer converts or quantises into the plan's weight format, or already in that format
+// with their scales (see ExpertMatrices). The layer copies only what this rank holds.
 struct LayerWeights {
-  TensorView w13;              // [E, 2I, H]: gate rows, then up rows
-  TensorView w2;               // [E, H, I]
+  ExpertMatrices w13;          // [E, 2I, H]: gate rows, then up rows (2 parts)
+  ExpertMatrices w2;           // [E, H, I]
   TensorView correction_bias;  // [E] f32, when spec.routing.correction_bias
-  TensorView shared_w13;       // [n_shared, 2 * shared_I, H], when spec.n_shared > 0
-  TensorView shared_w2;        // [n_shared, H, shared_I]
+  ExpertMatrices shared_w13;   // [n_shared, 2 * shared_I, H], when spec.n_shared > 0
+  ExpertMatrices shared_w2;    // [n_shared, H, shared_I]
 };
+
+// A layer's float weights quantised once into a format, routed and shared experts alike, as a
+// layer with that format would quantise them at load time. view() borrows the correction bias
+// and input scales of the source weights, which must outlive it.
+struct QuantizedLayerWeights {
+  QuantizedMatrices w13, w2, shared_w13, shared_w2;
+  TensorView correction_bias;
+  TensorView input_scales[4];  // w13, w2, shared_w13, shared_w2
+  LayerWeights view() const;
+};
+QuantizedLayerWeights quantize_layer(const LayerWeights& weights, const QuantParams& params);
 
 // Where forward() may also write the routing it used (logical expert ids).
 struct RoutingResult {

@@ -8,13 +8,13 @@
 #include <string_view>
 #include <vector>
 
+#include "moekit/quant.hpp"
 #include "moekit/tensor.hpp"
 
 namespace moekit {
 
 enum class RunnerKind { auto_, reference, cpu, cuda, hopper };
 enum class A2AKind { none, mpi, nccl };
-enum class WeightFormat { f32, f16, bf16, fp8_tensor, fp8_block, int4_group };
 enum class BlockForm { auto_, standard, overlapped, fused_slot };
 enum class FusedOps { auto_, off };
 
@@ -22,17 +22,12 @@ std::string_view runner_name(RunnerKind kind);
 std::optional<RunnerKind> parse_runner(std::string_view name);
 std::string_view a2a_name(A2AKind kind);
 std::optional<A2AKind> parse_a2a(std::string_view name);
-std::string_view weight_format_name(WeightFormat format);
-std::optional<WeightFormat> parse_weight_format(std::string_view name);
 std::string_view block_form_name(BlockForm form);
 std::optional<BlockForm> parse_block_form(std::string_view name);
 
 inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference,
                                              RunnerKind::cpu, RunnerKind::cuda, RunnerKind::hopper};
 inline constexpr A2AKind kAllA2A[] = {A2AKind::none, A2AKind::mpi, A2AKind::nccl};
-inline constexpr WeightFormat kAllWeightFormats[] = {
-    WeightFormat::f32,        WeightFormat::f16,       WeightFormat::bf16,
-    WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group};
 inline constexpr BlockForm kAllBlockForms[] = {BlockForm::auto_, BlockForm::standard,
                                                BlockForm::overlapped, BlockForm::fused_slot};
 
@@ -52,7 +47,7 @@ struct ExpertParallel {
 struct Options {
   RunnerKind runner = RunnerKind::auto_;
   A2AKind a2a = A2AKind::none;
-  WeightFormat weights = WeightFormat::bf16;
+  QuantParams weights = WeightFormat::bf16;  // the format and its parameters
   BlockForm form = BlockForm::auto_;
   FusedOps fused_ops = FusedOps::auto_;
   ExpertParallel ep;

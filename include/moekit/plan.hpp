@@ -48,7 +48,7 @@ struct Plan {
   int first_local = 0;   // global physical id of local slot 0
   int shared_slots = 0;  // fused_slot form: shared experts appended as local slots
   float shared_slot_weight = 1.0f;
-  WeightFormat weights = WeightFormat::bf16;
+  QuantParams quant;  // the weight format and how it is read
   DispatcherKind dispatcher = DispatcherKind::standard;
   DispatchFormat dispatch_format = DispatchFormat::standard;
   RunnerKind runner = RunnerKind::cpu;  // never auto_ once resolved

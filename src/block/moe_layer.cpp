@@ -11,6 +11,7 @@
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/log.hpp"
+#include "quant/check.hpp"
 #include "routing/topk.hpp"
 
 namespace moekit {
@@ -61,21 +62,24 @@ void check_finite_rows(const TensorView& t, const char* name, std::vector<float>
   }
 }
 
-void check_weight(const TensorView& t, const char* name, Shape expected) {
-  if (t.data == nullptr)
-    fail(Errc::invalid_argument, "weights.{}: missing, expected {}", name, expected.str());
-  if (!(t.shape == expected)) {
-    fail(Errc::invalid_argument, "weights.{}: expected shape {}, got {}", name, expected.str(),
-         t.describe());
-  }
-  if (!is_activation_dtype(t.dtype)) {
-    fail(Errc::invalid_argument, "weights.{}: dtype must be f32, bf16 or f16, got {}", name,
-         t.describe());
-  }
-  if (t.device.kind != DeviceKind::cpu || !t.is_contiguous()) {
-    fail(Errc::invalid_argument, "weights.{}: must be contiguous on the CPU, got {}", name,
-         t.describe());
-  }
+// Rows [r0, r0 + n) and columns [c0, c0 + k) of expert e of a checked stack, with the part of
+// the scale grid that covers them. The piece lies inside one part (of part_rows rows) and
+// starts on scale-block boundaries (resolve() makes sure of that for split shared experts).
+MatrixSource piece(const ExpertMatrices& m, const QuantParams& q, int64_t e, int64_t part_rows,
+                   int64_t r0, int64_t n, int64_t c0, int64_t k) {
+  MatrixSource s;
+  s.weight = m.weight.select(e).narrow(0, r0, n).narrow(1, c0, k);
+  if (m.scale.data == nullptr) return s;
+  const int64_t part = r0 / part_rows;
+  const int64_t row = part * q.scale_rows(part_rows) +
+                      (q.block_rows == 0 ? 0 : (r0 - part * part_rows) / q.block_rows);
+  const int64_t col = q.block_cols == 0 ? 0 : c0 / q.block_cols;
+  const auto grid = [&](const TensorView& t) {
+    return t.select(e).narrow(0, row, q.scale_rows(n)).narrow(1, col, q.scale_cols(k));
+  };
+  s.scale = grid(m.scale);
+  if (m.zero.data != nullptr) s.zero = grid(m.zero);
+  return s;
 }
 
 }  // namespace
@@ -90,42 +94,43 @@ class MoeLayer::Impl {
         routed_(plan, routed_problem(), routed_global_to_local()) {
     const ModelSpec& spec = plan.spec;
     const int64_t H = spec.hidden, I = spec.intermediate, E = spec.n_experts;
-    check_weight(weights.w13, "w13", {E, 2 * I, H});
-    check_weight(weights.w2, "w2", {E, H, I});
+    const QuantParams& q = plan.quant;
+    check_matrices(weights.w13, "weights.w13", E, I, H, 2, q);
+    check_matrices(weights.w2, "weights.w2", E, H, I, 1, q);
     if (spec.routing.correction_bias) {
-      check_weight(weights.correction_bias, "correction_bias", {E});
-      if (weights.correction_bias.dtype != DType::f32) {
-        fail(Errc::invalid_argument, "weights.correction_bias: dtype must be f32, got {}",
-             weights.correction_bias.describe());
+      const TensorView& bias = weights.correction_bias;
+      if (bias.data == nullptr || !(bias.shape == Shape{E}) || bias.dtype != DType::f32 ||
+          bias.device.kind != DeviceKind::cpu || !bias.is_contiguous()) {
+        fail(Errc::invalid_argument,
+             "weights.correction_bias: expected contiguous f32[{}] on the CPU, got {}", E,
+             bias.data == nullptr ? std::string("nothing") : bias.describe());
       }
-      const auto* bias = weights.correction_bias.as<const float>();
-      correction_bias_.assign(bias, bias + E);
+      const auto* values = bias.as<const float>();
+      correction_bias_.assign(values, values + E);
     }
     router_.emplace(plan_.spec.routing, spec.n_experts,
                     correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
     const int64_t Is = spec.shared_intermediate;
     if (spec.n_shared > 0) {
-      check_weight(weights.shared_w13, "shared_w13", {spec.n_shared, 2 * Is, H});
-      check_weight(weights.shared_w2, "shared_w2", {spec.n_shared, H, Is});
+      check_matrices(weights.shared_w13, "weights.shared_w13", spec.n_shared, Is, H, 2, q);
+      check_matrices(weights.shared_w2, "weights.shared_w2", spec.n_shared, H, Is, 1, q);
     }
 
     for (int slot = 0; slot < plan.local_routed; ++slot) {
-      const int logical = plan.location.physical_to_logical[plan.first_local + slot];
-      const TensorView w13 = weights.w13.select(logical);
-      routed_.load(slot, w13.narrow(0, 0, I), w13.narrow(0, I, I), weights.w2.select(logical));
+      const int e = plan.location.physical_to_logical[plan.first_local + slot];
+      routed_.load(slot, piece(weights.w13, q, e, I, 0, I, 0, H),
+                   piece(weights.w13, q, e, I, I, I, 0, H), piece(weights.w2, q, e, H, 0, H, 0, I));
     }
-    // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated
-    // activations act element-wise along I, so its gate/up rows and down columns split cleanly.
-    const int pieces = plan.shared_slots / std::max(1, spec.n_shared);
-    for (int s = 0; s < spec.n_shared && plan.shared_slots > 0; ++s) {
-      const TensorView w13 = weights.shared_w13.select(s);
-      const TensorView w2 = weights.shared_w2.select(s);
-      for (int q = 0; q < pieces; ++q) {
-        routed_.load(plan.local_routed + s * pieces + q, w13.narrow(0, q * I, I),
-                     w13.narrow(0, Is + q * I, I), w2.narrow(1, q * I, I));
-      }
-    }
+    if (plan.shared_slots > 0) load_shared_slots(weights);
     if (plan.adds_shared_output) build_shared(weights);
+    if (q.activation == ActivationQuant::fp8_static) {
+      const float a13 =
+          std::max(largest_input_scale(weights.w13), largest_input_scale(weights.shared_w13));
+      const float a2 =
+          std::max(largest_input_scale(weights.w2), largest_input_scale(weights.shared_w2));
+      routed_.set_input_scales(a13, a2);
+      if (shared_) shared_->set_input_scales(a13, a2);
+    }
     for (const Decision* d : plan.fallbacks()) {
       log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", spec.name, d->topic,
           *d->fallback, d->reason);
@@ -207,6 +212,33 @@ class MoeLayer::Impl {
     return table;
   }
 
+  // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated
+  // activations act element-wise along I, so its gate/up rows and down columns split cleanly.
+  // Float weights of a quantised format are quantised whole first, as the other forms quantise
+  // them, so that the split changes no number.
+  void load_shared_slots(const LayerWeights& weights) {
+    const ModelSpec& spec = plan_.spec;
+    const QuantParams& q = plan_.quant;
+    const int64_t I = spec.intermediate, Is = spec.shared_intermediate, H = spec.hidden;
+    ExpertMatrices w13 = weights.shared_w13, w2 = weights.shared_w2;
+    QuantizedMatrices quantized13, quantized2;
+    if (q.quantized() && is_float_weight(w13.weight.dtype)) {
+      quantized13 = quantize_matrices(w13.weight, 2, q);
+      w13 = quantized13.view();
+    }
+    if (q.quantized() && is_float_weight(w2.weight.dtype)) {
+      quantized2 = quantize_matrices(w2.weight, 1, q);
+      w2 = quantized2.view();
+    }
+    const int pieces = plan_.shared_slots / spec.n_shared;
+    for (int s = 0; s < spec.n_shared; ++s) {
+      for (int p = 0; p < pieces; ++p) {
+        routed_.load(plan_.local_routed + s * pieces + p, piece(w13, q, s, Is, p * I, I, 0, H),
+                     piece(w13, q, s, Is, Is + p * I, I, 0, H), piece(w2, q, s, H, 0, H, p * I, I));
+      }
+    }
+  }
+
   void build_shared(const LayerWeights& weights) {
     const ModelSpec& spec = plan_.spec;
     const int n = spec.n_shared;
@@ -219,9 +251,11 @@ class MoeLayer::Impl {
     std::vector<int32_t> identity(static_cast<size_t>(n));
     for (int s = 0; s < n; ++s) identity[s] = s;
     shared_.emplace(plan_, problem, identity);
+    const QuantParams& q = plan_.quant;
     for (int s = 0; s < n; ++s) {
-      const TensorView w13 = weights.shared_w13.select(s);
-      shared_->load(s, w13.narrow(0, 0, Is), w13.narrow(0, Is, Is), weights.shared_w2.select(s));
+      shared_->load(s, piece(weights.shared_w13, q, s, Is, 0, Is, 0, spec.hidden),
+                    piece(weights.shared_w13, q, s, Is, Is, Is, 0, spec.hidden),
+                    piece(weights.shared_w2, q, s, spec.hidden, 0, spec.hidden, 0, Is));
     }
     const int64_t entries = plan_.options.max_tokens * n;
     shared_ids_.resize(static_cast<size_t>(entries));

@@ -11,8 +11,8 @@
 namespace moekit {
 namespace {
 
-constexpr std::array<DType, 6> kAllDTypes = {DType::f32,    DType::f16, DType::bf16,
-                                             DType::f8e4m3, DType::i32, DType::i4};
+constexpr std::array<DType, 7> kAllDTypes = {DType::f32, DType::f16, DType::bf16, DType::f8e4m3,
+                                             DType::i32, DType::i8,  DType::i4};
 
 [[noreturn]] void fail_unknown(DType dtype) {
   fail(Errc::invalid_argument, "unknown dtype value {}", static_cast<int>(dtype));
@@ -92,6 +92,8 @@ std::string_view dtype_name(DType dtype) {
       return "f8e4m3";
     case DType::i32:
       return "i32";
+    case DType::i8:
+      return "i8";
     case DType::i4:
       return "i4";
   }
@@ -117,6 +119,8 @@ int dtype_bits(DType dtype) {
       return 8;
     case DType::i32:
       return 32;
+    case DType::i8:
+      return 8;
     case DType::i4:
       return 4;
   }
@@ -140,6 +144,7 @@ bool dtype_is_float(DType dtype) {
     case DType::f8e4m3:
       return true;
     case DType::i32:
+    case DType::i8:
     case DType::i4:
       return false;
   }
@@ -243,6 +248,8 @@ void convert_to_f32(const void* src, DType src_dtype, int64_t n, float* dst) {
       return decode_loop<e4m3_t>(src, n, dst, [](e4m3_t v) { return to_float(v); });
     case DType::i32:
       return decode_loop<int32_t>(src, n, dst, [](int32_t v) { return static_cast<float>(v); });
+    case DType::i8:
+      return decode_loop<int8_t>(src, n, dst, [](int8_t v) { return static_cast<float>(v); });
     case DType::i4: {
       const auto* packed = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(int4_get(packed, i));
@@ -270,6 +277,13 @@ void convert_from_f32(const float* src, int64_t n, void* dst, DType dst_dtype) {
       for (int64_t i = 0; i < n; ++i) {
         out[i] = static_cast<int32_t>(
             round_to_integer(src[i], i, -2147483648.0, 2147483647.0, DType::i32));
+      }
+      return;
+    }
+    case DType::i8: {
+      auto* out = static_cast<int8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = static_cast<int8_t>(round_to_integer(src[i], i, -128.0, 127.0, DType::i8));
       }
       return;
     }

@@ -12,12 +12,6 @@ constexpr NameTable<RunnerKind, 5> kRunners = {{RunnerKind::auto_, "auto"},
                                                {RunnerKind::hopper, "hopper"}};
 constexpr NameTable<A2AKind, 3> kA2A = {
     {A2AKind::none, "none"}, {A2AKind::mpi, "mpi"}, {A2AKind::nccl, "nccl"}};
-constexpr NameTable<WeightFormat, 6> kWeightFormats = {{WeightFormat::f32, "f32"},
-                                                       {WeightFormat::f16, "f16"},
-                                                       {WeightFormat::bf16, "bf16"},
-                                                       {WeightFormat::fp8_tensor, "fp8-tensor"},
-                                                       {WeightFormat::fp8_block, "fp8-block"},
-                                                       {WeightFormat::int4_group, "int4-group"}};
 constexpr NameTable<BlockForm, 4> kBlockForms = {{BlockForm::auto_, "auto"},
                                                  {BlockForm::standard, "standard"},
                                                  {BlockForm::overlapped, "overlapped"},
@@ -36,12 +30,6 @@ std::string_view a2a_name(A2AKind kind) {
 }
 std::optional<A2AKind> parse_a2a(std::string_view name) {
   return name_lookup(name, kA2A);
-}
-std::string_view weight_format_name(WeightFormat format) {
-  return name_of(format, kWeightFormats);
-}
-std::optional<WeightFormat> parse_weight_format(std::string_view name) {
-  return name_lookup(name, kWeightFormats);
 }
 std::string_view block_form_name(BlockForm form) {
   return name_of(form, kBlockForms);

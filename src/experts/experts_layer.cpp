@@ -6,12 +6,7 @@ namespace moekit {
 namespace {
 
 std::unique_ptr<QuantMethod> create_quant_method(const Plan& plan, const ExpertsProblem& problem) {
-  const QuantEntry* entry = find_quant(plan.weights);
-  if (entry == nullptr) {
-    fail(Errc::internal, "plan names weight format {} with no quant method",
-         weight_format_name(plan.weights));
-  }
-  auto method = entry->create(plan.weights);
+  auto method = std::make_unique<QuantMethod>(plan.quant);
   method->create_weights(problem.slots, problem.hidden, problem.intermediate);
   return method;
 }
@@ -26,9 +21,13 @@ ExpertsLayer::ExpertsLayer(const Plan& plan, const ExpertsProblem& problem,
       runner_(plan, problem),
       scratch_(Buffer::allocate(plan.options.device, runner_.scratch_bytes())) {}
 
-void ExpertsLayer::load(int slot, const TensorView& gate, const TensorView& up,
-                        const TensorView& down) {
+void ExpertsLayer::load(int slot, const MatrixSource& gate, const MatrixSource& up,
+                        const MatrixSource& down) {
   quant_->load_expert(slot, gate, up, down);
+}
+
+void ExpertsLayer::set_input_scales(float w13, float w2) {
+  quant_->set_input_scales(w13, w2);
 }
 
 void ExpertsLayer::forward(const TensorView& hidden, const int32_t* global_ids,

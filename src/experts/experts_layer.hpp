@@ -16,7 +16,8 @@ class ExpertsLayer {
   ExpertsLayer(const Plan& plan, const ExpertsProblem& problem,
                std::vector<int32_t> global_to_local);
 
-  void load(int slot, const TensorView& gate, const TensorView& up, const TensorView& down);
+  void load(int slot, const MatrixSource& gate, const MatrixSource& up, const MatrixSource& down);
+  void set_input_scales(float w13, float w2);
 
   // global_ids / weights: [T, problem.columns]. Writes the weighted sum to combined [T, H] f32.
   void forward(const TensorView& hidden, const int32_t* global_ids, const float* weights,

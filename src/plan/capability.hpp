@@ -22,7 +22,7 @@ struct Deployment {
   const ModelSpec& spec;
   const Options& options;
   const Platform& platform;
-  WeightFormat weights;
+  const QuantParams& quant;
 };
 
 }  // namespace moekit

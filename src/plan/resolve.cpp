@@ -45,6 +45,35 @@ void check_options(const Options& options) {
   }
 }
 
+// Why a shared expert cannot become routed slots, if it cannot. A quantised shared expert is
+// quantised whole and then split, so that every form computes the same numbers; the split must
+// not cut through a scale block.
+std::optional<std::string> shared_split_problem(const ModelSpec& spec, const QuantParams& quant) {
+  const int64_t I = spec.intermediate;
+  if (spec.shared_intermediate % I != 0) {
+    return fmt::format(
+        "shared I={} is not a multiple of the routed I={}, so a shared expert cannot be split "
+        "into expert slots",
+        spec.shared_intermediate, I);
+  }
+  if (spec.shared_intermediate == I) return std::nullopt;
+  if (quant.activation == ActivationQuant::fp8_per_token) {
+    return fmt::format(
+        "{} quantises GEMM2's input with one scale per token over the shared expert's whole "
+        "I={}; split into slots of I={}, each piece would get a scale of its own",
+        weight_format_name(quant.format), spec.shared_intermediate, I);
+  }
+  for (int64_t block : {quant.block_rows, quant.block_cols}) {
+    if (block > 1 && I % block != 0) {
+      return fmt::format(
+          "the shared expert (I={}) would be split at multiples of I={}, inside the {} format's "
+          "scale blocks of {}",
+          spec.shared_intermediate, I, weight_format_name(quant.format), block);
+    }
+  }
+  return std::nullopt;
+}
+
 void decide_block(Plan& plan) {
   const ModelSpec& spec = plan.spec;
   const BlockForm asked = plan.options.form;
@@ -59,15 +88,13 @@ void decide_block(Plan& plan) {
     plan.decisions.push_back(d);
     return;
   }
-  const bool slots_fit = spec.shared_intermediate % spec.intermediate == 0;
+  const std::optional<std::string> split_problem = shared_split_problem(spec, plan.options.weights);
+  const bool slots_fit = !split_problem;
   const std::string slot_reason =
       slots_fit ? fmt::format("each shared expert (I={}) becomes {} slot(s) of the routed I={}",
                               spec.shared_intermediate,
                               spec.shared_intermediate / spec.intermediate, spec.intermediate)
-                : fmt::format(
-                      "shared I={} is not a multiple of the routed I={}, so a shared expert "
-                      "cannot be split into expert slots",
-                      spec.shared_intermediate, spec.intermediate);
+                : *split_problem;
   switch (asked) {
     case BlockForm::auto_:
       plan.form = BlockForm::standard;
@@ -161,25 +188,30 @@ Capability runner_capability(RunnerKind kind, const Deployment& deployment,
         fmt::format("the {} runner is not built in this version of moekit", runner_name(kind)));
   }
   if (Capability c = core->supports(deployment); !c.ok) return c;
-  return quant.supports_runner(kind);
+  return quant.supports_runner(kind, deployment.quant);
 }
 
 void decide_quant_and_runner(Plan& plan) {
   const Options& options = plan.options;
-  const QuantEntry* quant = find_quant(options.weights);
+  const std::string format_name(weight_format_name(options.weights.format));
+  const QuantEntry* quant = find_quant(options.weights.format);
   if (quant == nullptr) {
-    refuse(fmt::format("weights={}", weight_format_name(options.weights)),
+    refuse(fmt::format("weights={}", format_name),
            "no quant method for this format is built in this version of moekit", built_formats());
   }
-  plan.weights = options.weights;
-  plan.decisions.push_back({PlanLayer::quant,
-                            "method",
-                            std::string(weight_format_name(plan.weights)),
-                            QuantParams::Unquantized(plan.weights).describe(),
-                            {},
-                            std::nullopt});
+  if (std::vector<std::string> problems = options.weights.problems(); !problems.empty()) {
+    refuse(fmt::format("weights={} ({})", format_name, options.weights.describe()), join(problems),
+           fmt::format("the defaults of {}, or see docs/QUANTIZATION.md", format_name));
+  }
+  plan.quant = options.weights;
+  if (Capability c = quant->supports_spec(plan.spec, plan.quant); !c.ok) {
+    refuse(fmt::format("weights={} for {}", format_name, plan.spec.name), c.reason,
+           "a format that can hold this layer, e.g. bf16");
+  }
+  plan.decisions.push_back(
+      {PlanLayer::quant, "method", format_name, plan.quant.describe(), {}, std::nullopt});
 
-  const Deployment deployment{plan.spec, options, plan.platform, plan.weights};
+  const Deployment deployment{plan.spec, options, plan.platform, plan.quant};
   constexpr RunnerKind kPreference[] = {RunnerKind::cpu, RunnerKind::reference, RunnerKind::cuda,
                                         RunnerKind::hopper};
   std::vector<std::string> legal;
@@ -197,7 +229,7 @@ void decide_quant_and_runner(Plan& plan) {
   const std::string legal_text = legal.empty() ? "none" : "auto, " + join(legal);
   const std::string axes =
       fmt::format("runner={} with weights={} on device={}", runner_name(options.runner),
-                  weight_format_name(plan.weights), options.device.str());
+                  format_name, options.device.str());
   if (options.runner == RunnerKind::auto_) {
     if (!first_ok) refuse(axes, "no built runner supports this deployment", "device=cpu");
     plan.runner = *first_ok;
@@ -244,7 +276,7 @@ void decide_dispatcher(Plan& plan) {
 
 void decide_runner_pipeline(Plan& plan) {
   const Options& options = plan.options;
-  const Deployment deployment{plan.spec, options, plan.platform, plan.weights};
+  const Deployment deployment{plan.spec, options, plan.platform, plan.quant};
   const CoreEntry* core = find_core(plan.runner);
   plan.core_format = core->format;
   if (const FusedOpEntry* fused = find_fused_op(options.a2a, plan.runner)) {

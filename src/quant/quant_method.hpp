@@ -1,8 +1,13 @@
 #pragma once
-// Layer 5: which weight tensors exist (create_weights), how one expert's weights get into them
-// (load_expert), which runner cores can read them (supports), and what a core is handed (apply).
+// Layer 5, the quant method: which weight tensors exist for a format and their shapes
+// (create_weights), how one expert's weights get into them (load_expert: copied when they come
+// in the format, quantised when they come as floats), and what a core is handed (apply).
+// A format contributes an entry to the quant table (one file per format in this folder): which
+// runner cores read it and which layers it can hold, each with a reason, and the names its
+// tensors carry in checkpoints.
 
-#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/capability.hpp"
@@ -10,27 +15,63 @@
 
 namespace moekit {
 
-class QuantMethod {
- public:
-  virtual ~QuantMethod() = default;
-  virtual QuantParams params() const = 0;
-  virtual void create_weights(int slots, int64_t hidden, int64_t intermediate) = 0;
-  // gate, up: [I, H]; down: [H, I]; 2-D views with contiguous rows, any float dtype on the CPU.
-  virtual void load_expert(int slot, const TensorView& gate, const TensorView& up,
-                           const TensorView& down) = 0;
-  virtual CoreWeights apply() const = 0;
+// One expert matrix [N, K] as a quant method receives it: float weights, or weights already in
+// the method's format with the scale grid (and zero points) of this one matrix. The block layer
+// has checked shapes, dtypes and values against the plan's QuantParams.
+struct MatrixSource {
+  TensorView weight;
+  TensorView scale;
+  TensorView zero;
+};
+
+struct TensorNames {
+  const char* weight;
+  const char* scale;  // nullptr: the format has no scales
+  const char* zero;   // nullptr: the format has no zero points
 };
 
 struct QuantEntry {
   WeightFormat format;
-  Capability (*supports_runner)(RunnerKind runner);
-  std::unique_ptr<QuantMethod> (*create)(WeightFormat format);
+  Capability (*supports_runner)(RunnerKind runner, const QuantParams& params);
+  // Whether a layer of this spec can be stored in the format (int4 packs K in pairs, say).
+  Capability (*supports_spec)(const ModelSpec& spec, const QuantParams& params);
+  TensorNames names;
 };
 
 const std::vector<QuantEntry>& quant_table();
 const QuantEntry* find_quant(WeightFormat format);
 
-Capability unquantized_supports_runner(RunnerKind runner);
-std::unique_ptr<QuantMethod> make_unquantized(WeightFormat format);
+class QuantMethod {
+ public:
+  explicit QuantMethod(const QuantParams& params);
+
+  const QuantParams& params() const { return params_; }
+  void create_weights(int slots, int64_t hidden, int64_t intermediate);
+  // gate, up: [I, H]; down: [H, I].
+  void load_expert(int slot, const MatrixSource& gate, const MatrixSource& up,
+                   const MatrixSource& down);
+  // fp8_static: the scales of the two GEMM inputs, one for all experts.
+  void set_input_scales(float w13, float w2);
+  CoreWeights apply() const;
+  // The tensors create_weights allocated, named as the format names them ("w13_weight", ...).
+  std::vector<std::pair<std::string, TensorView>> tensors() const;
+
+ private:
+  QuantParams params_;
+  const QuantEntry* entry_;
+  Tensor w13_[3];  // weight, scale, zero
+  Tensor w2_[3];
+  CoreWeights weights_;
+};
+
+// The formats' own capability checks, one pair per file in this folder.
+Capability unquantized_supports_runner(RunnerKind runner, const QuantParams& params);
+Capability unquantized_supports_spec(const ModelSpec& spec, const QuantParams& params);
+Capability fp8_tensor_supports_runner(RunnerKind runner, const QuantParams& params);
+Capability fp8_tensor_supports_spec(const ModelSpec& spec, const QuantParams& params);
+Capability fp8_block_supports_runner(RunnerKind runner, const QuantParams& params);
+Capability fp8_block_supports_spec(const ModelSpec& spec, const QuantParams& params);
+Capability int4_group_supports_runner(RunnerKind runner, const QuantParams& params);
+Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams& params);
 
 }  // namespace moekit

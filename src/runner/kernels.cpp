@@ -2,13 +2,6 @@
 
 namespace moekit::kernels {
 
-void weight_row(const TensorView& weights, int64_t slot, int64_t row, float* out) {
-  const int64_t cols = weights.dim(2);
-  const int64_t offset = (slot * weights.dim(1) + row) * cols;
-  const auto* base = static_cast<const char*>(weights.data);
-  convert_to_f32(base + dtype_storage_bytes(weights.dtype, offset), weights.dtype, cols, out);
-}
-
 void activation_row(const TensorView& rows, int64_t row, float* out) {
   const int64_t cols = rows.dim(1);
   const auto* base = static_cast<const char*>(rows.data);

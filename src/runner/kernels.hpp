@@ -1,5 +1,6 @@
 #pragma once
-// Small numeric pieces shared by the CPU-side cores: activation, weight-row reads, dot products.
+// Small numeric pieces shared by the CPU-side cores: activation, activation-row reads, dot
+// products. Weight rows are read through quant/dequantize.hpp.
 
 #include <algorithm>
 #include <cmath>
@@ -27,9 +28,6 @@ T activate(const Activation& activation, T gate, T up) {
   }
   return T(0);
 }
-
-// Row `row` of slot `slot` of a [slots, rows, cols] contiguous weight tensor, widened to f32.
-void weight_row(const TensorView& weights, int64_t slot, int64_t row, float* out);
 
 // Row `row` of a [T, cols] contiguous float tensor, widened to f32.
 void activation_row(const TensorView& rows, int64_t row, float* out);

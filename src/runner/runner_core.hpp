@@ -27,11 +27,22 @@ struct ExpertsProblem {
   int64_t max_rows() const { return max_tokens * columns; }
 };
 
+// One stack of expert matrices as a core reads it, in the plan's format: the weights and, when
+// quantised, their scale grid and zero points (see QuantParams and docs/QUANTIZATION.md).
+struct StoredMatrices {
+  TensorView weight;  // [slots, parts * N, K]
+  TensorView scale;   // [slots, parts * scale_rows(N), scale_cols(K)]
+  TensorView zero;    // the scale's shape, i8; only int4-group with zero points
+  int parts = 1;      // separately scaled matrices stacked along the rows (w13: gate, up)
+};
+
 // What the quant method hands a core: the weight tensors and how to read them.
 struct CoreWeights {
-  TensorView w13;  // [slots, 2I, H]
-  TensorView w2;   // [slots, H, I]
+  StoredMatrices w13;  // [slots, 2I, H], gate rows then up rows
+  StoredMatrices w2;   // [slots, H, I]
   QuantParams quant;
+  float w13_input_scale = 0.0f;  // fp8_static: the scale of GEMM1's input
+  float w2_input_scale = 0.0f;   // fp8_static: the scale of GEMM2's input
 };
 
 // The standard dispatch format: rows in token order, each with `columns` (slot, weight) pairs;

@@ -42,7 +42,8 @@ struct DTypeRow {
 constexpr DTypeRow kDTypeRows[] = {
     {DType::f32, "f32", 32, true},   {DType::f16, "f16", 16, true},
     {DType::bf16, "bf16", 16, true}, {DType::f8e4m3, "f8e4m3", 8, true},
-    {DType::i32, "i32", 32, false},  {DType::i4, "i4", 4, false},
+    {DType::i32, "i32", 32, false},  {DType::i8, "i8", 8, false},
+    {DType::i4, "i4", 4, false},
 };
 
 TEST(DType, NameBitsAndFloatnessMatchTable) {
@@ -61,7 +62,7 @@ TEST(DType, ParseInvertsName) {
 }
 
 TEST(DType, ParseRejectsUnknownNames) {
-  for (const char* name : {"", "F32", "float32", "fp16", "bfloat16", "f8", "e4m3", "i8", "int4",
+  for (const char* name : {"", "F32", "float32", "fp16", "bfloat16", "f8", "e4m3", "int8", "int4",
                            " f32", "f32 ", "f16\n"}) {
     EXPECT_EQ(parse_dtype(name), std::nullopt) << '"' << name << '"';
   }
@@ -87,9 +88,10 @@ TEST(DType, StorageBytesRoundsPackedTypesUp) {
     int64_t bytes;
   };
   const Case cases[] = {
-      {DType::f32, 0, 0},    {DType::f32, 3, 12}, {DType::f16, 3, 6}, {DType::bf16, 5, 10},
-      {DType::f8e4m3, 3, 3}, {DType::i32, 7, 28}, {DType::i4, 0, 0},  {DType::i4, 1, 1},
-      {DType::i4, 2, 1},     {DType::i4, 3, 2},   {DType::i4, 4, 2},  {DType::i4, 1001, 501},
+      {DType::f32, 0, 0},     {DType::f32, 3, 12}, {DType::f16, 3, 6}, {DType::bf16, 5, 10},
+      {DType::f8e4m3, 3, 3},  {DType::i32, 7, 28}, {DType::i8, 5, 5},  {DType::i4, 0, 0},
+      {DType::i4, 1, 1},      {DType::i4, 2, 1},   {DType::i4, 3, 2},  {DType::i4, 4, 2},
+      {DType::i4, 1001, 501},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(dtype_storage_bytes(c.dtype, c.n), c.bytes) << dtype_name(c.dtype) << " n=" << c.n;
@@ -495,6 +497,8 @@ float scalar_to_f32(const std::vector<uint8_t>& bytes, DType dtype, int64_t i) {
       return to_float(load(e4m3_t{}));
     case DType::i32:
       return static_cast<float>(load(int32_t{}));
+    case DType::i8:
+      return static_cast<float>(load(int8_t{}));
     case DType::i4:
       return static_cast<float>(int4_get(bytes.data(), i));
   }
@@ -570,7 +574,8 @@ TEST(Bulk, ConvertFromF32ToIntegersRoundsToNearest) {
     int lo;
     int hi;
   };
-  for (const Range& range : {Range{DType::i32, -1000000, 1000000}, Range{DType::i4, -8, 7}}) {
+  for (const Range& range : {Range{DType::i32, -1000000, 1000000}, Range{DType::i8, -128, 127},
+                             Range{DType::i4, -8, 7}}) {
     SCOPED_TRACE(dtype_name(range.dtype));
     std::mt19937 rng(17);
     std::uniform_int_distribution<int> integer(range.lo, range.hi);
@@ -585,7 +590,9 @@ TEST(Bulk, ConvertFromF32ToIntegersRoundsToNearest) {
     convert_from_f32(src.data(), kBulkCount, out.data(), range.dtype);
     const auto* packed = reinterpret_cast<const uint8_t*>(out.data());
     for (int64_t i = 0; i < kBulkCount; ++i) {
-      const int got = range.dtype == DType::i32 ? out[i] : int4_get(packed, i);
+      const int got = range.dtype == DType::i32  ? out[i]
+                      : range.dtype == DType::i8 ? reinterpret_cast<const int8_t*>(packed)[i]
+                                                 : int4_get(packed, i);
       ASSERT_EQ(got, expected[i]) << i << ": " << src[i];
     }
   }
@@ -607,6 +614,9 @@ TEST(Bulk, ConvertFromF32ToIntegersBreaksTiesToEven) {
       {DType::i32, 0.49999997f, 0},
       {DType::i32, 2147483520.0f, 2147483520},
       {DType::i32, -2147483648.0f, INT32_MIN},
+      {DType::i8, 126.5f, 126},
+      {DType::i8, -127.5f, -128},
+      {DType::i8, -2.5f, -2},
       {DType::i4, 6.5f, 6},
       {DType::i4, 7.4f, 7},
       {DType::i4, -8.5f, -8},
@@ -616,7 +626,9 @@ TEST(Bulk, ConvertFromF32ToIntegersBreaksTiesToEven) {
   for (const IntegerCase& c : cases) {
     int32_t out = 0;
     convert_from_f32(&c.value, 1, &out, c.dtype);
-    const int got = c.dtype == DType::i32 ? out : int4_get(reinterpret_cast<uint8_t*>(&out), 0);
+    const int got = c.dtype == DType::i32  ? out
+                    : c.dtype == DType::i8 ? static_cast<int8_t>(out & 0xFF)
+                                           : int4_get(reinterpret_cast<uint8_t*>(&out), 0);
     EXPECT_EQ(got, c.expected) << dtype_name(c.dtype) << " " << c.value;
   }
 }
@@ -633,6 +645,9 @@ TEST(Bulk, ConvertFromF32ToIntegersRefusesUnrepresentableValuesNamingIndex) {
       {DType::i32, 2147483648.0f},
       {DType::i32, -2147483904.0f},
       {DType::i32, 1e20f},
+      {DType::i8, kNaN},
+      {DType::i8, 127.5f},
+      {DType::i8, -129.0f},
       {DType::i4, kNaN},
       {DType::i4, kInf},
       {DType::i4, 7.5f},

@@ -52,14 +52,86 @@ TEST(Resolve, UnbuiltCommunicationIsRefused) {
   }
 }
 
-TEST(Resolve, UnbuiltWeightFormatIsRefusedNamingTheBuiltOnes) {
+struct BadQuant {
+  const char* name;
+  QuantParams params;
+  const char* fragment;
+};
+
+QuantParams with(QuantParams params, void (*change)(QuantParams&)) {
+  change(params);
+  return params;
+}
+
+TEST(Resolve, QuantParamsThatDescribeNoFormatAreRefused) {
+  const BadQuant cases[] = {
+      {"odd int4 group", QuantParams::Int4Group(63), "even group size"},
+      {"f32 int4 scales", QuantParams::Int4Group(64, DType::f32), "f16 or bf16"},
+      {"empty fp8 block", QuantParams::Fp8Block(0), "positive block sizes"},
+      {"fp8-tensor in blocks",
+       with(QuantParams::Fp8Tensor(), [](QuantParams& q) { q.block_cols = 128; }),
+       "one output channel"},
+      {"fp8-block activation group off its block",
+       with(QuantParams::Fp8Block(), [](QuantParams& q) { q.activation_group = 64; }),
+       "per block_cols columns"},
+      {"bf16 with scales",
+       with(QuantParams::Unquantized(WeightFormat::bf16), [](QuantParams& q) { q.block_rows = 1; }),
+       "no scales"},
+      {"int4 quantising activations",
+       with(QuantParams::Int4Group(),
+            [](QuantParams& q) { q.activation = ActivationQuant::fp8_per_token; }),
+       "leaves activations unquantised"},
+  };
+  for (const BadQuant& c : cases) {
+    SCOPED_TRACE(c.name);
+    Options options;
+    options.weights = c.params;
+    expect_mentions(refusal(small_dsv3(), options),
+                    {weight_format_name(c.params.format).data(), c.fragment});
+  }
+}
+
+TEST(Resolve, Int4IsRefusedForAnOddK) {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 47;
   Options options;
+  options.weights = WeightFormat::int4_group;
+  expect_mentions(refusal(spec, options), {"int4-group", "odd K = 47"});
+}
+
+TEST(Resolve, QuantisedFormatsOnUnbuiltRunnersAreRefusedNamingTheFormat) {
   for (WeightFormat format :
        {WeightFormat::fp8_tensor, WeightFormat::fp8_block, WeightFormat::int4_group}) {
+    Options options;
     options.weights = format;
+    options.runner = RunnerKind::cuda;
     expect_mentions(refusal(small_dsv3(), options),
-                    {weight_format_name(format).data(), "f32, f16, bf16"});
+                    {weight_format_name(format).data(), "cuda", "cpu, reference"});
   }
+}
+
+TEST(Resolve, EveryFormatResolvesOnTheCpuAndRecordsItsParameters) {
+  for (WeightFormat format : kAllWeightFormats) {
+    Options options;
+    options.weights = format;
+    const Plan plan = resolve(small_dsv3(), options, Platform::cpu_only(2));
+    EXPECT_EQ(plan.quant, QuantParams(format));
+    EXPECT_EQ(plan.runner, RunnerKind::cpu);
+    EXPECT_NE(plan.explain().find(plan.quant.describe()), std::string::npos);
+  }
+}
+
+TEST(Resolve, FusedSlotFallsBackWhenASharedSplitWouldCutAScaleBlock) {
+  ModelSpec spec = small_dsv3();  // shared I = 32 = 2 x routed I = 16
+  Options options;
+  options.form = BlockForm::fused_slot;
+  options.weights = QuantParams::Int4Group(32);
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  EXPECT_EQ(plan.form, BlockForm::standard);
+  ASSERT_EQ(plan.fallbacks().size(), 1u);
+  EXPECT_NE(plan.fallbacks()[0]->reason.find("scale blocks of 32"), std::string::npos);
+  options.weights = QuantParams::Int4Group(16);
+  EXPECT_EQ(resolve(spec, options, Platform::cpu_only(2)).form, BlockForm::fused_slot);
 }
 
 struct ImpossibleSpec {

@@ -2,6 +2,7 @@
 // An oracle for the whole layer, written apart from the library's cores: float64 throughout,
 // from the stored weights and the routing the layer reports. Tests compare every path with it.
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -32,9 +33,70 @@ inline double activate(const Activation& a, double gate, double up) {
   return NAN;
 }
 
-// y += scale * down(act(gate x, up x)) for one expert with w13 [2I, H], w2 [H, I].
-inline void add_mlp(const Activation& act, const double* w13, const double* w2, int64_t H,
-                    int64_t I, const double* x, double scale, double* y) {
+// A stack of expert matrices [E, parts * N, K] as float64, read as docs/QUANTIZATION.md defines
+// each format: e4m3 * scale, (q - zero) * scale for int4 (signed nibbles, low nibble first),
+// float weights as they are. Written apart from the library's reader.
+inline std::vector<double> dequantized(const ExpertMatrices& m, int parts, const QuantParams& q) {
+  if (m.weight.dtype != DType::f8e4m3 && m.weight.dtype != DType::i4) return to_doubles(m.weight);
+  const int64_t E = m.weight.dim(0), rows = m.weight.dim(1), K = m.weight.dim(2);
+  const int64_t N = rows / parts;
+  const int64_t per_part = q.block_rows == 0 ? 1 : (N + q.block_rows - 1) / q.block_rows;
+  const int64_t SC = q.block_cols == 0 ? 1 : (K + q.block_cols - 1) / q.block_cols;
+  const std::vector<double> scales = to_doubles(m.scale);
+  const auto* bytes = m.weight.as<const uint8_t>();
+  std::vector<double> out(static_cast<size_t>(E * rows * K));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t n = 0; n < rows; ++n) {
+      const int64_t scale_row =
+          e * parts * per_part + n / N * per_part + (q.block_rows == 0 ? 0 : n % N / q.block_rows);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t scale_at = scale_row * SC + (q.block_cols == 0 ? 0 : k / q.block_cols);
+        const int64_t at = (e * rows + n) * K + k;
+        double value;
+        if (m.weight.dtype == DType::f8e4m3) {
+          value = to_float(e4m3_t{bytes[at]});
+        } else {
+          const int nibble = at % 2 == 0 ? bytes[at / 2] & 0xF : bytes[at / 2] >> 4;
+          const int zero = q.zero_points ? m.zero.as<const int8_t>()[scale_at] : 0;
+          value = (nibble >= 8 ? nibble - 16 : nibble) - zero;
+        }
+        out[static_cast<size_t>(at)] = value * scales[static_cast<size_t>(scale_at)];
+      }
+    }
+  }
+  return out;
+}
+
+// A GEMM input as the format quantises it: f32 values; e4m3 with scale amax / 448 (amax floored
+// at 1e-10) per token or per token per group, or a static scale.
+inline std::vector<double> quantized_input(const QuantParams& q, float static_scale,
+                                           const std::vector<double>& x) {
+  if (q.activation == ActivationQuant::none) return x;
+  const size_t n = x.size();
+  const size_t group = q.activation == ActivationQuant::fp8_per_token_group
+                           ? static_cast<size_t>(q.activation_group)
+                           : n;
+  std::vector<double> out(n);
+  for (size_t g0 = 0; g0 < n; g0 += group) {
+    const size_t g1 = std::min(n, g0 + group);
+    float amax = 0.0f;
+    for (size_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
+    const float scale = q.activation == ActivationQuant::fp8_static
+                            ? static_scale
+                            : std::max(amax, 1e-10f) / 448.0f;
+    for (size_t i = g0; i < g1; ++i) {
+      const float v = std::clamp(static_cast<float>(x[i]) / scale, -448.0f, 448.0f);
+      out[i] = static_cast<double>(to_float(to_e4m3(v))) * scale;
+    }
+  }
+  return out;
+}
+
+// y += scale * down(act(gate x, up x)) with GEMM inputs quantised as the format says.
+inline void add_quantized_mlp(const Activation& act, const QuantParams& q, float s13, float s2,
+                              const double* w13, const double* w2, int64_t H, int64_t I,
+                              const double* x_row, double scale, double* y) {
+  const std::vector<double> x = quantized_input(q, s13, std::vector<double>(x_row, x_row + H));
   std::vector<double> a(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
@@ -44,6 +106,7 @@ inline void add_mlp(const Activation& act, const double* w13, const double* w2, 
     }
     a[i] = activate(act, g, u);
   }
+  a = quantized_input(q, s2, a);
   for (int64_t h = 0; h < H; ++h) {
     double s = 0;
     for (int64_t i = 0; i < I; ++i) s += w2[h * I + i] * a[i];
@@ -51,27 +114,42 @@ inline void add_mlp(const Activation& act, const double* w13, const double* w2, 
   }
 }
 
-// The layer's output [T, H] for the given routing (logical ids and weights [T, k]).
+inline float largest(const TensorView& t) {
+  float m = 0.0f;
+  for (double v : to_doubles(t)) m = std::max(m, static_cast<float>(v));
+  return m;
+}
+
+// The layer's output [T, H] for the given routing (logical ids and weights [T, k]), with its
+// weights read and its GEMM inputs quantised as `quant` says (float weights by default).
 inline std::vector<double> oracle_output(const ModelSpec& spec, const LayerWeights& w,
                                          const TensorView& hidden, const std::vector<int32_t>& ids,
-                                         const std::vector<float>& weights) {
+                                         const std::vector<float>& weights,
+                                         const QuantParams& quant = WeightFormat::f32) {
   const int64_t T = hidden.dim(0), H = spec.hidden, I = spec.intermediate, k = spec.routing.top_k;
-  const std::vector<double> x = to_doubles(hidden), w13 = to_doubles(w.w13), w2 = to_doubles(w.w2);
+  const std::vector<double> x = to_doubles(hidden), w13 = dequantized(w.w13, 2, quant),
+                            w2 = dequantized(w.w2, 1, quant);
+  float s13 = 0.0f, s2 = 0.0f;
+  if (quant.activation == ActivationQuant::fp8_static) {
+    s13 = std::max(largest(w.w13.input_scale), largest(w.shared_w13.input_scale));
+    s2 = std::max(largest(w.w2.input_scale), largest(w.shared_w2.input_scale));
+  }
   std::vector<double> out(static_cast<size_t>(T * H), 0.0);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ids[t * k + j];
-      add_mlp(spec.activation, &w13[e * 2 * I * H], &w2[e * H * I], H, I, &x[t * H],
-              weights[t * k + j], &out[t * H]);
+      add_quantized_mlp(spec.activation, quant, s13, s2, &w13[e * 2 * I * H], &w2[e * H * I], H, I,
+                        &x[t * H], weights[t * k + j], &out[t * H]);
     }
   }
   if (spec.n_shared > 0) {
     const int64_t Is = spec.shared_intermediate;
-    const std::vector<double> s13 = to_doubles(w.shared_w13), s2 = to_doubles(w.shared_w2);
+    const std::vector<double> s13w = dequantized(w.shared_w13, 2, quant),
+                              s2w = dequantized(w.shared_w2, 1, quant);
     for (int64_t t = 0; t < T; ++t) {
       for (int s = 0; s < spec.n_shared; ++s) {
-        add_mlp(spec.activation, &s13[s * 2 * Is * H], &s2[s * H * Is], H, Is, &x[t * H], 1.0,
-                &out[t * H]);
+        add_quantized_mlp(spec.activation, quant, s13, s2, &s13w[s * 2 * Is * H], &s2w[s * H * Is],
+                          H, Is, &x[t * H], 1.0, &out[t * H]);
       }
     }
   }
@@ -97,6 +175,11 @@ inline double relative_l2(const TensorView& got, const std::vector<double>& want
 // with float32 accumulation, then rounding of the output).
 inline double tolerance(DType output) {
   return output == DType::f32 ? 1e-5 : 1e-2;
+}
+
+// The tolerance of an f32 output against the oracle of the same quantised format.
+inline double tolerance_against_oracle(const QuantParams&) {
+  return 1e-5;
 }
 
 }  // namespace moekit::test

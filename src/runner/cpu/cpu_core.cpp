@@ -1,11 +1,14 @@
 // The cpu core: rows grouped by expert (contiguous format), so each expert's weights are read
 // once per batch, widened to f32 a row at a time, and applied to all of that expert's rows.
-// Work is split over (expert, block of output rows) across the pool. Correct and parallel; the
-// SIMD-tuned kernels are a later issue.
+// Work is split over (expert, block of output rows) across the pool. Quantised weights are
+// dequantised a row at a time; GEMM inputs are quantised in place where the format says so.
+// Correct and parallel; the SIMD-tuned kernels are a later issue.
 
 #include <algorithm>
 
 #include "core/thread_pool.hpp"
+#include "quant/activation_quant.hpp"
+#include "quant/dequantize.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
 #include "runner/scratch.hpp"
@@ -37,13 +40,17 @@ class CpuCore final : public RunnerCore {
     void* workers = static_cast<char*>(scratch) + shared_bytes_;
     const int64_t H = p_.hidden;
     const int64_t I = p_.intermediate;
+    const QuantParams& q = weights.quant;
 
+    if (q.quantizes_activations()) {
+      quantize_rows(pool, q, weights.w13_input_scale, rows.rows, rows.n_rows, H);
+    }
     for_each_block(pool, rows, I, kGateUpBlock, workers,
                    [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
                        int64_t i_first, int64_t i_end) {
                      for (int64_t i = i_first; i < i_end; ++i) {
-                       kernels::weight_row(weights.w13, slot, i, w.a);
-                       kernels::weight_row(weights.w13, slot, I + i, w.b);
+                       dequantize_row(q, weights.w13, slot, i, w.a);
+                       dequantize_row(q, weights.w13, slot, I + i, w.b);
                        for (int64_t r = first; r < last; ++r) {
                          const float* x = rows.rows + r * H;
                          act[r * I + i] = kernels::activate(p_.activation, kernels::dot(w.a, x, H),
@@ -51,11 +58,14 @@ class CpuCore final : public RunnerCore {
                        }
                      }
                    });
+    if (q.quantizes_activations()) {
+      quantize_rows(pool, q, weights.w2_input_scale, act, rows.n_rows, I);
+    }
     for_each_block(pool, rows, H, kDownBlock, workers,
                    [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
                        int64_t h_first, int64_t h_end) {
                      for (int64_t h = h_first; h < h_end; ++h) {
-                       kernels::weight_row(weights.w2, slot, h, w.a);
+                       dequantize_row(q, weights.w2, slot, h, w.a);
                        for (int64_t r = first; r < last; ++r) {
                          rows.row_out[r * H + h] = kernels::dot(w.a, act + r * I, I);
                        }
@@ -85,6 +95,16 @@ class CpuCore final : public RunnerCore {
         if (first == last) continue;
         const int64_t out_first = item % blocks * block;
         body(w, slot, first, last, out_first, std::min(extent, out_first + block));
+      }
+    });
+  }
+
+  // Each of n rows of width `width` becomes the values the format's GEMM input has.
+  static void quantize_rows(ThreadPool& pool, const QuantParams& q, float static_scale, float* rows,
+                            int64_t n, int64_t width) {
+    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        quantize_activation_row(q, static_scale, rows + r * width, width, rows + r * width);
       }
     });
   }

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "core/thread_pool.hpp"
+#include "quant/activation_quant.hpp"
+#include "quant/dequantize.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
 #include "runner/scratch.hpp"
@@ -29,6 +31,7 @@ class CpuDecodeOp final : public FusedOp {
            ThreadPool& pool) const override {
     const int64_t H = p_.hidden;
     const int64_t I = p_.intermediate;
+    const QuantParams& q = weights.quant;
     auto* pairs = static_cast<float*>(scratch);
     void* workers = static_cast<char*>(scratch) + pairs_bytes_;
     pool.parallel_chunks(input.tokens * input.columns, [&](int64_t begin, int64_t end, int worker) {
@@ -38,14 +41,16 @@ class CpuDecodeOp final : public FusedOp {
         const int32_t slot = input.slots[e];
         if (slot < 0) continue;
         kernels::activation_row(input.hidden, e / input.columns, w.x);
+        quantize_activation_row(q, weights.w13_input_scale, w.x, H, w.x);
         for (int64_t i = 0; i < I; ++i) {
-          kernels::weight_row(weights.w13, slot, i, w.row);
+          dequantize_row(q, weights.w13, slot, i, w.row);
           const float gate = kernels::dot(w.row, w.x, H);
-          kernels::weight_row(weights.w13, slot, I + i, w.row);
+          dequantize_row(q, weights.w13, slot, I + i, w.row);
           w.act[i] = kernels::activate(p_.activation, gate, kernels::dot(w.row, w.x, H));
         }
+        quantize_activation_row(q, weights.w2_input_scale, w.act, I, w.act);
         for (int64_t h = 0; h < H; ++h) {
-          kernels::weight_row(weights.w2, slot, h, w.row);
+          dequantize_row(q, weights.w2, slot, h, w.row);
           pairs[e * H + h] = input.weights[e] * kernels::dot(w.row, w.act, I);
         }
       }

@@ -1,10 +1,14 @@
 // The oracle: plain loops, float64 accumulation, one token at a time in the standard format.
-// Every other core is tested against it; it is written for obviousness, not speed.
+// Every other core is tested against it; it is written for obviousness, not speed. Quantised
+// weights are read as their format defines them (exact in float64), and GEMM inputs are
+// quantised where the format says so, so it computes what the model's own inference code does.
 
 #include <algorithm>
 #include <vector>
 
 #include "core/thread_pool.hpp"
+#include "quant/activation_quant.hpp"
+#include "quant/dequantize.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
 #include "runner/scratch.hpp"
@@ -36,14 +40,16 @@ class ReferenceCore final : public RunnerCore {
 
  private:
   struct Buffers {
-    float* row;   // one weight or hidden row, widened to f32
+    float* row;   // a hidden or activation row in f32, as it enters a GEMM
+    double* w;    // one weight row
     double* x;    // [H]
     double* act;  // [I]
     double* acc;  // [H]
   };
 
   Buffers carve(ScratchCarver& scratch) const {
-    return {scratch.take<float>(std::max(p_.hidden, p_.intermediate)),
+    const int64_t width = std::max(p_.hidden, p_.intermediate);
+    return {scratch.take<float>(width), scratch.take<double>(width),
             scratch.take<double>(p_.hidden), scratch.take<double>(p_.intermediate),
             scratch.take<double>(p_.hidden)};
   }
@@ -53,31 +59,36 @@ class ReferenceCore final : public RunnerCore {
     const int64_t H = p_.hidden;
     const int64_t I = p_.intermediate;
     kernels::activation_row(in.hidden, t, b.row);
-    for (int64_t h = 0; h < H; ++h) b.x[h] = b.row[h];
+    quantize_activation_row(w.quant, w.w13_input_scale, b.row, H, b.x);
     std::fill(b.acc, b.acc + H, 0.0);
     for (int j = 0; j < in.columns; ++j) {
       const int32_t slot = in.slots[t * in.columns + j];
       if (slot < 0) continue;
       for (int64_t i = 0; i < I; ++i) {
-        const double gate = dot_row(w.w13, slot, i, b);
-        const double up = dot_row(w.w13, slot, I + i, b);
+        const double gate = dot_row(w, slot, i, b);
+        const double up = dot_row(w, slot, I + i, b);
         b.act[i] = kernels::activate(p_.activation, gate, up);
+      }
+      if (w.quant.quantizes_activations()) {
+        // The format quantises GEMM2's input from f32 values, as a core computes them.
+        for (int64_t i = 0; i < I; ++i) b.row[i] = static_cast<float>(b.act[i]);
+        quantize_activation_row(w.quant, w.w2_input_scale, b.row, I, b.act);
       }
       const double weight = in.weights[t * in.columns + j];
       for (int64_t h = 0; h < H; ++h) {
-        kernels::weight_row(w.w2, slot, h, b.row);
+        dequantize_row(w.quant, w.w2, slot, h, b.w);
         double y = 0.0;
-        for (int64_t i = 0; i < I; ++i) y += static_cast<double>(b.row[i]) * b.act[i];
+        for (int64_t i = 0; i < I; ++i) y += b.w[i] * b.act[i];
         b.acc[h] += weight * y;
       }
     }
     for (int64_t h = 0; h < H; ++h) combined[t * H + h] = static_cast<float>(b.acc[h]);
   }
 
-  double dot_row(const TensorView& w13, int32_t slot, int64_t row, const Buffers& b) const {
-    kernels::weight_row(w13, slot, row, b.row);
+  double dot_row(const CoreWeights& w, int32_t slot, int64_t row, const Buffers& b) const {
+    dequantize_row(w.quant, w.w13, slot, row, b.w);
     double sum = 0.0;
-    for (int64_t h = 0; h < p_.hidden; ++h) sum += static_cast<double>(b.row[h]) * b.x[h];
+    for (int64_t h = 0; h < p_.hidden; ++h) sum += b.w[h] * b.x[h];
     return sum;
   }
 

@@ -1,0 +1,48 @@
+#pragma once
+// Run-time quantisation of the GEMM inputs, as the formats' inference code does it: e4m3 values
+// with one scale per token row, per token per group of columns, or one static scale. Both
+// steps are defined in f32 (the scale amax / 448, the value x / scale, rounded to nearest even
+// and saturated to +-448); a core then sees q * scale, computed in its own precision T.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "moekit/dtype.hpp"
+#include "moekit/quant.hpp"
+
+namespace moekit {
+
+// Below this amax a group is all but zero; the floor keeps its scale finite and its values 0
+// (the same floor as SGLang's per-token-group quantisation).
+inline constexpr float kActivationAmaxFloor = 1e-10f;
+
+inline int64_t activation_group(const QuantParams& q, int64_t n) {
+  return q.activation == ActivationQuant::fp8_per_token_group ? q.activation_group : n;
+}
+
+// out[k] = the value GEMM input x[k] has after quantisation; x and out may be the same array.
+// static_scale is used by fp8_static only. Formats that keep activations leave the values.
+template <typename T>
+void quantize_activation_row(const QuantParams& q, float static_scale, const float* x, int64_t n,
+                             T* out) {
+  if (!q.quantizes_activations()) {
+    for (int64_t k = 0; k < n; ++k) out[k] = static_cast<T>(x[k]);
+    return;
+  }
+  const int64_t group = activation_group(q, n);
+  for (int64_t k0 = 0; k0 < n; k0 += group) {
+    const int64_t k1 = std::min(n, k0 + group);
+    float scale = static_scale;
+    if (q.activation != ActivationQuant::fp8_static) {
+      float amax = 0.0f;
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
+      scale = std::max(amax, kActivationAmaxFloor) / kE4M3Max;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      out[k] = static_cast<T>(to_float(to_e4m3(x[k] / scale))) * static_cast<T>(scale);
+    }
+  }
+}
+
+}  // namespace moekit

@@ -1,0 +1,46 @@
+// int4-group (W4A16, GPTQ/AWQ style): signed 4-bit weights packed two per byte along K (the
+// element with the even index in the low nibble), one f16 or bf16 scale per `group` columns of
+// each row, and optionally one i8 zero point per scale: w = (q - zero) * scale. Activations stay
+// unquantised. docs/QUANTIZATION.md maps GPTQ's and AWQ's unsigned conventions onto this.
+
+#include <fmt/format.h>
+
+#include "quant/quant_method.hpp"
+
+namespace moekit {
+
+QuantParams QuantParams::Int4Group(int64_t group, DType scale_dtype, bool zero_points) {
+  QuantParams params;
+  params.format = WeightFormat::int4_group;
+  params.weight_dtype = DType::i4;
+  params.scale_dtype = scale_dtype;
+  params.block_rows = 1;
+  params.block_cols = group;
+  params.zero_points = zero_points;
+  params.activation = ActivationQuant::none;
+  return params;
+}
+
+Capability int4_group_supports_runner(RunnerKind runner, const QuantParams&) {
+  switch (runner) {
+    case RunnerKind::reference:
+    case RunnerKind::cpu:
+      return Capability::Yes("unpacks int4 rows, subtracts the zero point, times the group scale");
+    default:
+      return Capability::No(
+          fmt::format("no {} core is built for int4-group weights", runner_name(runner)));
+  }
+}
+
+Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams&) {
+  const int64_t ks[] = {spec.hidden, spec.intermediate, spec.shared_intermediate};
+  for (int64_t k : ks) {
+    if (k % 2 != 0) {
+      return Capability::No(fmt::format(
+          "int4 packs two values per byte along K, and the layer has an odd K = {}", k));
+    }
+  }
+  return Capability::Yes("every K (hidden, intermediate) is even, so rows pack into whole bytes");
+}
+
+}  // namespace moekit
