@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -37,6 +38,13 @@ struct PlanFlags {
   int64_t max_tokens = 4096;
   int threads = 0;
   bool strict = false;
+  // The weight format's parameters; each applies to one format (docs/QUANTIZATION.md).
+  std::optional<std::string> fp8_scaling;
+  std::optional<std::string> activations;
+  std::optional<int64_t> block_size;
+  std::optional<int64_t> group_size;
+  std::optional<std::string> scale_dtype;
+  bool zero_points = false;
 
   void add_spec(CLI::App& app) {
     auto* preset_opt = app.add_option("--preset", preset, "model preset: dsv3, qwen3-moe, mixtral");
@@ -57,6 +65,62 @@ struct PlanFlags {
     app.add_option("--max-tokens", max_tokens, "largest batch")->capture_default_str();
     app.add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
     app.add_flag("--strict", strict, "refuse any fallback");
+    app.add_option("--fp8-scaling", fp8_scaling, "fp8-tensor: tensor (default) or channel");
+    app.add_option("--activations", activations, "fp8-tensor: dynamic (default) or static");
+    app.add_option("--block-size", block_size, "fp8-block: rows and columns per scale (128)");
+    app.add_option("--group-size", group_size, "int4-group: columns per scale (128)");
+    app.add_option("--scale-dtype", scale_dtype, "int4-group: bf16 (default) or f16");
+    app.add_flag("--zero-points", zero_points, "int4-group: asymmetric, with zero points");
+  }
+
+  // The format named by --weights with the parameters its own flags give; a flag of another
+  // format is an error rather than silently ignored.
+  QuantParams quant() const {
+    const WeightFormat format = parse(parse_weight_format(weights), "--weights", weights);
+    const auto only_for = [&](bool given, const char* flag, WeightFormat owner) {
+      if (given && format != owner) {
+        fail(Errc::invalid_argument, "{} applies to --weights {}, not {}", flag,
+             weight_format_name(owner), weights);
+      }
+    };
+    only_for(fp8_scaling.has_value(), "--fp8-scaling", WeightFormat::fp8_tensor);
+    only_for(activations.has_value(), "--activations", WeightFormat::fp8_tensor);
+    only_for(block_size.has_value(), "--block-size", WeightFormat::fp8_block);
+    only_for(group_size.has_value(), "--group-size", WeightFormat::int4_group);
+    only_for(scale_dtype.has_value(), "--scale-dtype", WeightFormat::int4_group);
+    only_for(zero_points, "--zero-points", WeightFormat::int4_group);
+    switch (format) {
+      case WeightFormat::fp8_tensor:
+        return QuantParams::Fp8Tensor(
+            choose<Fp8Scaling>(
+                fp8_scaling, "--fp8-scaling",
+                {{"tensor", Fp8Scaling::per_tensor}, {"channel", Fp8Scaling::per_channel}}),
+            choose<Fp8Activations>(
+                activations, "--activations",
+                {{"dynamic", Fp8Activations::dynamic}, {"static", Fp8Activations::static_}}));
+      case WeightFormat::fp8_block:
+        return QuantParams::Fp8Block(block_size.value_or(128));
+      case WeightFormat::int4_group:
+        return QuantParams::Int4Group(group_size.value_or(128),
+                                      choose<DType>(scale_dtype, "--scale-dtype",
+                                                    {{"bf16", DType::bf16}, {"f16", DType::f16}}),
+                                      zero_points);
+      default:
+        return format;
+    }
+  }
+
+  // The value named by an optional flag, the first choice when it is absent.
+  template <typename T>
+  static T choose(const std::optional<std::string>& given, const char* flag,
+                  std::initializer_list<std::pair<const char*, T>> choices) {
+    if (!given) return choices.begin()->second;
+    std::string names;
+    for (const auto& [name, value] : choices) {
+      if (*given == name) return value;
+      names += names.empty() ? name : std::string(", ") + name;
+    }
+    fail(Errc::invalid_argument, "{} '{}' is not one of {}", flag, *given, names);
   }
 
   ModelSpec spec(const ModelSpec& fallback) const {
@@ -76,7 +140,7 @@ struct PlanFlags {
     Options o;
     o.runner = parse(parse_runner(runner), "--runner", runner);
     o.a2a = parse(parse_a2a(a2a), "--a2a", a2a);
-    o.weights = parse(parse_weight_format(weights), "--weights", weights);
+    o.weights = quant();
     o.form = parse(parse_block_form(form), "--form", form);
     if (fused_ops != "auto" && fused_ops != "off") {
       fail(Errc::invalid_argument, "--fused-ops '{}' is not auto or off", fused_ops);
@@ -88,6 +152,40 @@ struct PlanFlags {
     o.max_tokens = max_tokens;
     o.threads = threads;
     return o;
+  }
+};
+
+// fp8 static activations need a scale per GEMM input, which a checkpoint would carry. The demo
+// calibrates GEMM1's from its own hidden states; GEMM2's input, silu(gate) * up of unit-variance
+// projections, stays below 8 in this layer, so 8 / 448 keeps it unsaturated.
+struct StaticScales {
+  Tensor w13, w2, shared_w13, shared_w2;
+
+  StaticScales(const ModelSpec& spec, const QuantParams& quant, const Tensor& hidden) {
+    if (quant.activation != ActivationQuant::fp8_static) return;
+    std::vector<float> x(static_cast<size_t>(hidden.view().numel()));
+    convert_to_f32(hidden.view().data, hidden.view().dtype, hidden.view().numel(), x.data());
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const auto filled = [](int64_t n, float value) {
+      Tensor t = Tensor::empty(DType::f32, {n});
+      std::fill_n(t.data<float>(), n, value);
+      return t;
+    };
+    w13 = filled(spec.n_experts, amax / kE4M3Max);
+    w2 = filled(spec.n_experts, 8.0f / kE4M3Max);
+    if (spec.n_shared > 0) {
+      shared_w13 = filled(spec.n_shared, amax / kE4M3Max);
+      shared_w2 = filled(spec.n_shared, 8.0f / kE4M3Max);
+    }
+  }
+
+  LayerWeights attach(LayerWeights weights) const {
+    weights.w13.input_scale = w13.view();
+    weights.w2.input_scale = w2.view();
+    weights.shared_w13.input_scale = shared_w13.view();
+    weights.shared_w2.input_scale = shared_w2.view();
+    return weights;
   }
 };
 
@@ -111,14 +209,27 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   const Tensor logits = random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f);
   Tensor output = Tensor::empty(DType::bf16, {tokens, spec.hidden});
   Tensor expected = Tensor::empty(DType::bf16, {tokens, spec.hidden});
+  const StaticScales scales(spec, plan.quant, hidden);
+  const LayerWeights given = scales.attach(weights.view());
 
   Options reference_options = options;
   reference_options.runner = RunnerKind::reference;
   reference_options.form = BlockForm::standard;
-  MoeLayer reference(resolve(spec, reference_options, platform), weights.view());
+  MoeLayer reference(resolve(spec, reference_options, platform), given);
   reference.forward(hidden, logits, expected);
+  if (plan.quant.quantized()) {
+    // What the format costs: the same weights unquantised, in the float64 reference.
+    Options float_options = reference_options;
+    float_options.weights = WeightFormat::bf16;
+    MoeLayer unquantized(resolve(spec, float_options, platform), weights.view());
+    Tensor exact = Tensor::empty(DType::bf16, {tokens, spec.hidden});
+    unquantized.forward(hidden, logits, exact);
+    std::printf("quantization: %s costs a relative L2 error of %.2e against bf16 weights\n",
+                std::string(weight_format_name(plan.quant.format)).c_str(),
+                relative_l2(expected, exact));
+  }
 
-  MoeLayer layer(plan, weights.view());
+  MoeLayer layer(plan, given);
   output.fill_bytes(0xD5);
   layer.forward(hidden, logits, output);  // warm-up, and the result we check
   const double error = relative_l2(output, expected);

@@ -191,6 +191,30 @@ Capability runner_capability(RunnerKind kind, const Deployment& deployment,
   return quant.supports_runner(kind, deployment.quant);
 }
 
+// The weight tensors this rank will hold, and their memory: the routed (and fused shared) slots,
+// and the shared experts held apart in the other forms.
+void record_tensors(Plan& plan) {
+  const ModelSpec& spec = plan.spec;
+  std::vector<std::string> listed;
+  int64_t bytes = 0;
+  const auto add = [&](const char* prefix, int slots, int64_t intermediate) {
+    for (const TensorSpec& t : weight_tensors(plan.quant, slots, spec.hidden, intermediate)) {
+      listed.push_back(
+          fmt::format("{}{} {}{}", prefix, t.name, dtype_name(t.dtype), t.shape.str()));
+      bytes += dtype_storage_bytes(t.dtype, t.shape.numel());
+    }
+  };
+  add("", plan.local_routed + plan.shared_slots, spec.intermediate);
+  if (plan.adds_shared_output) add("shared_", spec.n_shared, spec.shared_intermediate);
+  plan.decisions.push_back({PlanLayer::quant,
+                            "tensors",
+                            join(listed),
+                            fmt::format("{:.1f} MiB of expert weights on this rank",
+                                        static_cast<double>(bytes) / (1 << 20)),
+                            {},
+                            std::nullopt});
+}
+
 void decide_quant_and_runner(Plan& plan) {
   const Options& options = plan.options;
   const std::string format_name(weight_format_name(options.weights.format));
@@ -210,6 +234,7 @@ void decide_quant_and_runner(Plan& plan) {
   }
   plan.decisions.push_back(
       {PlanLayer::quant, "method", format_name, plan.quant.describe(), {}, std::nullopt});
+  record_tensors(plan);
 
   const Deployment deployment{plan.spec, options, plan.platform, plan.quant};
   constexpr RunnerKind kPreference[] = {RunnerKind::cpu, RunnerKind::reference, RunnerKind::cuda,

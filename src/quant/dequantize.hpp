@@ -4,6 +4,7 @@
 // the reference, where q * scale is exact).
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -22,6 +23,18 @@ inline float read_float(const TensorView& t, int64_t index) {
     default:
       return static_cast<const float*>(t.data)[index];
   }
+}
+
+// Every e4m3 code's value, so that a row is widened by table lookups rather than bit surgery.
+inline const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> values{};
+    for (int code = 0; code < 256; ++code) {
+      values[static_cast<size_t>(code)] = to_float(e4m3_t{static_cast<uint8_t>(code)});
+    }
+    return values;
+  }();
+  return table;
 }
 
 // Where the scale of row `row` (of parts * N) of slot `slot` starts in the scale tensor; the
@@ -56,9 +69,8 @@ void dequantize_row(const QuantParams& q, const StoredMatrices& m, int64_t slot,
     const T scale = static_cast<T>(read_float(m.scale, scale_index));
     const int64_t k1 = std::min(K, k0 + block);
     if (q.weight_dtype == DType::f8e4m3) {
-      for (int64_t k = k0; k < k1; ++k) {
-        out[k] = static_cast<T>(to_float(e4m3_t{bytes[first + k]})) * scale;
-      }
+      const std::array<float, 256>& values = e4m3_values();
+      for (int64_t k = k0; k < k1; ++k) out[k] = static_cast<T>(values[bytes[first + k]]) * scale;
     } else {
       const T zero = q.zero_points
                          ? static_cast<T>(static_cast<const int8_t*>(m.zero.data)[scale_index])

@@ -43,23 +43,48 @@ const QuantEntry* find_quant(WeightFormat format) {
   return nullptr;
 }
 
-QuantMethod::QuantMethod(const QuantParams& params)
-    : params_(params), entry_(find_quant(params.format)) {
-  if (entry_ == nullptr) {
+std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int64_t hidden,
+                                       int64_t intermediate) {
+  const QuantEntry* entry = find_quant(params.format);
+  if (entry == nullptr) {
     fail(Errc::internal, "no quant method for weight format {}", weight_format_name(params.format));
   }
+  std::vector<TensorSpec> specs;
+  const auto add = [&](const char* stack, int parts, int64_t rows, int64_t cols) {
+    specs.push_back({fmt::format("{}_{}", stack, entry->names.weight), params.weight_dtype,
+                     Shape{slots, parts * rows, cols}});
+    const Shape grid{slots, parts * params.scale_rows(rows), params.scale_cols(cols)};
+    if (params.quantized()) {
+      specs.push_back({fmt::format("{}_{}", stack, entry->names.scale), params.scale_dtype, grid});
+    }
+    if (params.zero_points) {
+      specs.push_back({fmt::format("{}_{}", stack, entry->names.zero), DType::i8, grid});
+    }
+  };
+  add("w13", 2, intermediate, hidden);
+  add("w2", 1, hidden, intermediate);
+  return specs;
 }
 
+QuantMethod::QuantMethod(const QuantParams& params) : params_(params) {}
+
 void QuantMethod::create_weights(int slots, int64_t hidden, int64_t intermediate) {
-  const auto allocate = [&](Tensor(&t)[3], int parts, int64_t rows, int64_t cols) {
-    t[0] = Tensor::empty(params_.weight_dtype, {slots, parts * rows, cols});
-    const Shape grid{slots, parts * params_.scale_rows(rows), params_.scale_cols(cols)};
-    if (params_.quantized()) t[1] = Tensor::empty(params_.scale_dtype, grid);
-    if (params_.zero_points) t[2] = Tensor::empty(DType::i8, grid);
-    return StoredMatrices{t[0].view(), t[1].view(), t[2].view(), parts};
+  tensors_.clear();
+  for (const TensorSpec& spec : weight_tensors(params_, slots, hidden, intermediate)) {
+    tensors_.push_back(Tensor::empty(spec.dtype, spec.shape));
+  }
+  // weight_tensors() lists each stack as weight, then scale and zero where the format has them.
+  const int per_stack = 1 + (params_.quantized() ? 1 : 0) + (params_.zero_points ? 1 : 0);
+  const auto stack = [&](int first, int parts) {
+    StoredMatrices m;
+    m.weight = tensors_[first].view();
+    if (params_.quantized()) m.scale = tensors_[first + 1].view();
+    if (params_.zero_points) m.zero = tensors_[first + 2].view();
+    m.parts = parts;
+    return m;
   };
-  weights_.w13 = allocate(w13_, 2, intermediate, hidden);
-  weights_.w2 = allocate(w2_, 1, hidden, intermediate);
+  weights_.w13 = stack(0, 2);
+  weights_.w2 = stack(per_stack, 1);
   weights_.quant = params_;
 }
 
@@ -85,21 +110,6 @@ void QuantMethod::set_input_scales(float w13, float w2) {
 
 CoreWeights QuantMethod::apply() const {
   return weights_;
-}
-
-std::vector<std::pair<std::string, TensorView>> QuantMethod::tensors() const {
-  std::vector<std::pair<std::string, TensorView>> named;
-  const auto add = [&](const char* stack, const Tensor(&t)[3]) {
-    const char* names[3] = {entry_->names.weight, entry_->names.scale, entry_->names.zero};
-    for (int i = 0; i < 3; ++i) {
-      if (names[i] != nullptr && t[i].view().data != nullptr) {
-        named.emplace_back(fmt::format("{}_{}", stack, names[i]), t[i].view());
-      }
-    }
-  };
-  add("w13", w13_);
-  add("w2", w2_);
-  return named;
 }
 
 }  // namespace moekit

@@ -7,7 +7,6 @@
 // tensors carry in checkpoints.
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "plan/capability.hpp"
@@ -41,6 +40,17 @@ struct QuantEntry {
 const std::vector<QuantEntry>& quant_table();
 const QuantEntry* find_quant(WeightFormat format);
 
+struct TensorSpec {
+  std::string name;  // "w13_weight_scale_inv"
+  DType dtype;
+  Shape shape;
+};
+
+// The tensors a quant method of this format holds for `slots` experts, named as checkpoints of
+// the format name them; create_weights() allocates exactly these.
+std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int64_t hidden,
+                                       int64_t intermediate);
+
 class QuantMethod {
  public:
   explicit QuantMethod(const QuantParams& params);
@@ -53,14 +63,10 @@ class QuantMethod {
   // fp8_static: the scales of the two GEMM inputs, one for all experts.
   void set_input_scales(float w13, float w2);
   CoreWeights apply() const;
-  // The tensors create_weights allocated, named as the format names them ("w13_weight", ...).
-  std::vector<std::pair<std::string, TensorView>> tensors() const;
 
  private:
   QuantParams params_;
-  const QuantEntry* entry_;
-  Tensor w13_[3];  // weight, scale, zero
-  Tensor w2_[3];
+  std::vector<Tensor> tensors_;  // as weight_tensors() lists them
   CoreWeights weights_;
 };
 

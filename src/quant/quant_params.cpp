@@ -122,10 +122,18 @@ std::string QuantParams::describe() const {
   if (!quantized()) {
     return fmt::format("{} weights, activations unquantized", dtype_name(weight_dtype));
   }
-  std::string text =
-      fmt::format("{} weights, {} scale per {} x {} block{}", dtype_name(weight_dtype),
-                  dtype_name(scale_dtype), block_text(block_rows, "all rows"),
-                  block_text(block_cols, "all columns"), zero_points ? ", with zero points" : "");
+  std::string text;
+  if (weight_dtype == DType::i4) {
+    text = fmt::format("int4 weights packed along K, one {} scale per group of {} columns{}",
+                       dtype_name(scale_dtype), block_cols, zero_points ? " with zero points" : "");
+  } else if (block_rows == 0 && block_cols == 0) {
+    text = "e4m3 weights, one f32 scale per matrix";
+  } else if (block_rows == 1 && block_cols == 0) {
+    text = "e4m3 weights, one f32 scale per output channel";
+  } else {
+    text = fmt::format("e4m3 weights, f32 scale per {} x {} block", block_text(block_rows, "all"),
+                       block_text(block_cols, "all"));
+  }
   text += fmt::format(", activations {}", activation_quant_name(activation));
   if (activation == ActivationQuant::fp8_per_token_group) {
     text += fmt::format(" of {} columns", activation_group);

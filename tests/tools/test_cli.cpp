@@ -9,6 +9,7 @@
 #include <fstream>
 #include <ostream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,26 @@ INSTANTIATE_TEST_SUITE_P(
                 "explain --weights fp8-block",
                 0,
                 {"fp8-block", "e4m3 weights, f32 scale per 128 x 128 block"}},
+        ExitRow{"format_flag_of_another_format_is_an_error",
+                "explain --weights fp8-block --group-size 64",
+                1,
+                {"--group-size", "int4-group"}},
+        ExitRow{"odd_int4_group_refused",
+                "explain --weights int4-group --group-size 63",
+                2,
+                {"refused", "even group size"}},
+        ExitRow{"unknown_scale_dtype_is_an_error",
+                "explain --weights int4-group --scale-dtype f32",
+                1,
+                {"--scale-dtype", "bf16, f16"}},
+        ExitRow{"int4_parameters_explained",
+                "explain --weights int4-group --group-size 64 --scale-dtype f16 --zero-points",
+                0,
+                {"one f16 scale per group of 64 columns with zero points", "w13_qzeros i8"}},
+        ExitRow{"fp8_static_channel_explained",
+                "explain --weights fp8-tensor --fp8-scaling channel --activations static",
+                0,
+                {"one f32 scale per output channel", "static scale", "w13_weight_scale f32"}},
         ExitRow{"fallback_refused_under_strict",
                 "explain --form fused-slot --preset qwen3-moe --strict",
                 2,
@@ -200,6 +221,25 @@ TEST(CliDemo, SmallRunChecksAgainstTheReference) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "relative L2 error")) << r.output;
 }
+
+class CliDemoFormat : public testing::TestWithParam<const char*> {};
+
+TEST_P(CliDemoFormat, QuantisedRunChecksAgainstTheReferenceAndReportsTheFormatsCost) {
+  const std::string args = GetParam();
+  const RunResult r = run_moekit("demo --tokens 4 --repeats 1 " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream words(args);
+  std::string flag, format;
+  words >> flag >> format;
+  EXPECT_TRUE(contains(r.output, "quantization: " + format + " costs")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(ok,")) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CliDemoFormat,
+                         testing::Values("--weights fp8-tensor", "--weights fp8-block",
+                                         "--weights int4-group",
+                                         "--weights fp8-tensor --activations static",
+                                         "--weights int4-group --zero-points --group-size 32"));
 
 // ---------------------------------------------------------------------------------------------
 // help and usage
