@@ -63,6 +63,15 @@ void check_matrices(const ExpertMatrices& m, std::string_view name, int64_t expe
   }
   if (is_float_weight(m.weight.dtype)) {
     check_layout(m.weight, name, shape, m.weight.dtype);
+    // Checked here, over the whole stack, so the error names the tensor and the expert whatever
+    // rank, form or format loads it.
+    for (int64_t i = 0; i < m.weight.numel(); ++i) {
+      const float v = read_float(m.weight, i);
+      if (!std::isfinite(v)) {
+        fail(Errc::invalid_argument, "{}: element {} is not finite ({})", name,
+             index_text(shape, i), v);
+      }
+    }
     refuse_extra(m.scale, scale_name, "scales come only with weights already in the format");
     refuse_extra(m.zero, zero_name, "zero points come only with weights already in the format");
   } else {
@@ -76,6 +85,16 @@ void check_matrices(const ExpertMatrices& m, std::string_view name, int64_t expe
                : std::string());
     }
     check_layout(m.weight, name, shape, params.weight_dtype);
+    if (params.weight_dtype == DType::f8e4m3) {
+      // e4m3fn has no infinities; 0x7F and 0xFF are its NaNs.
+      const auto* codes = m.weight.as<const uint8_t>();
+      for (int64_t i = 0; i < m.weight.numel(); ++i) {
+        if ((codes[i] & 0x7F) == 0x7F) {
+          fail(Errc::invalid_argument, "{}: element {} is an e4m3 NaN (0x{:02X})", name,
+               index_text(shape, i), codes[i]);
+        }
+      }
+    }
     const Shape grid{experts, parts * params.scale_rows(rows), params.scale_cols(cols)};
     check_layout(m.scale, scale_name, grid, params.scale_dtype);
     check_positive(m.scale, scale_name);

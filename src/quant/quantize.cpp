@@ -3,8 +3,9 @@
 //   int4, symmetric:  scale = amax / 7, q = clamp(round(w / scale), -8, 7)
 //   int4, zero points: scale = (max(hi, 0) - min(lo, 0)) / 15, zero = round(-lo / scale) - 8,
 //                      q = clamp(round(w / scale) + zero, -8, 7)
-// int4 scales are rounded to their f16/bf16 storage first, and q is computed with the rounded
-// scale, so dequantising reproduces what the quantiser meant.
+// int4 scales are rounded up to their f16/bf16 storage first (and kept at least the smallest
+// normal value), and q is computed with the stored scale, so dequantising reproduces what the
+// quantiser meant and no weight is clipped.
 
 #include "quant/quantize.hpp"
 
@@ -20,11 +21,18 @@
 namespace moekit {
 namespace {
 
-// The scale as stored in `dtype`, read back; a block's weights are quantised with this value.
+// The scale as stored in the scales' dtype, read back; a block's weights are quantised with this
+// value. It is never below `value`: a scale rounded down would leave the block's extreme weights
+// beyond the last quantisation level, clipped by more than half a step.
 float store_scale(const TensorView& scales, int64_t index, float value, std::string_view name) {
   void* at = static_cast<char*>(scales.data) + dtype_storage_bytes(scales.dtype, index);
   convert_from_f32(&value, 1, at, scales.dtype);
-  const float stored = read_float(scales, index);
+  float stored = read_float(scales, index);
+  if (stored < value && scales.dtype != DType::f32) {
+    // One unit in the last place up: positive f16 and bf16 values order as their bit patterns.
+    ++*static_cast<uint16_t*>(at);
+    stored = read_float(scales, index);
+  }
   if (!std::isfinite(stored) || stored <= 0.0f) {
     fail(Errc::invalid_argument,
          "{}: a block's scale {} is not a positive finite {}; the weights are out of the "
@@ -32,6 +40,13 @@ float store_scale(const TensorView& scales, int64_t index, float value, std::str
          name, value, dtype_name(scales.dtype));
   }
   return stored;
+}
+
+// int4 scales stay normal numbers of their f16/bf16 storage (f16 subnormals would lose the
+// precision the scale needs); a block of weights smaller than 7 times this quantises coarsely,
+// to an absolute error below half of it.
+float int4_scale_floor(DType scale_dtype) {
+  return scale_dtype == DType::f16 ? 0x1p-14f : 0x1p-126f;
 }
 
 int clamp_int4(float value) {
@@ -94,12 +109,16 @@ void quantize_into(const QuantParams& params, const TensorView& src, const Store
           bytes[first_row + r * K + c] = to_e4m3(v / scale).bits;
         });
       } else if (!params.zero_points) {
-        const float scale = store_scale(dst.scale, index, amax > 0 ? amax / 7.0f : 1.0f, name);
+        const float floor = int4_scale_floor(dst.scale.dtype);
+        const float scale =
+            store_scale(dst.scale, index, amax > 0 ? std::max(amax / 7.0f, floor) : 1.0f, name);
         block.for_each([&](int64_t r, int64_t c, float v) {
           int4_set(bytes, first_row + r * K + c, clamp_int4(v / scale));
         });
       } else {
-        const float scale = store_scale(dst.scale, index, hi > lo ? (hi - lo) / 15.0f : 1.0f, name);
+        const float floor = int4_scale_floor(dst.scale.dtype);
+        const float scale = store_scale(dst.scale, index,
+                                        hi > lo ? std::max((hi - lo) / 15.0f, floor) : 1.0f, name);
         const int zero = clamp_int4(std::nearbyint(-lo / scale) - 8.0f);
         static_cast<int8_t*>(dst.zero.data)[index] = static_cast<int8_t>(zero);
         block.for_each([&](int64_t r, int64_t c, float v) {
