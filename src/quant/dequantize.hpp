@@ -75,8 +75,12 @@ void dequantize_row(const QuantParams& q, const StoredMatrices& m, int64_t slot,
       const T zero = q.zero_points
                          ? static_cast<T>(static_cast<const int8_t*>(m.zero.data)[scale_index])
                          : T(0);
-      for (int64_t k = k0; k < k1; ++k) {
-        out[k] = (static_cast<T>(int4_get(bytes, first + k)) - zero) * scale;
+      // Rows and groups start on whole bytes (K and the group size are even), so a byte holds
+      // elements k (low nibble) and k + 1 (high nibble); (n ^ 8) - 8 sign-extends a nibble.
+      const uint8_t* pair = bytes + (first + k0) / 2;
+      for (int64_t k = k0; k < k1; k += 2, ++pair) {
+        out[k] = (static_cast<T>(((*pair & 0xF) ^ 8) - 8) - zero) * scale;
+        if (k + 1 < k1) out[k + 1] = (static_cast<T>(((*pair >> 4) ^ 8) - 8) - zero) * scale;
       }
     }
   }
