@@ -3,8 +3,6 @@
 // not a multiple of the block. Activations are quantised at run time per token per `block`
 // columns, as those models' inference code does.
 
-#include <fmt/format.h>
-
 #include "quant/quant_method.hpp"
 
 namespace moekit {
@@ -21,17 +19,11 @@ QuantParams QuantParams::Fp8Block(int64_t block) {
   return params;
 }
 
-Capability fp8_block_supports_runner(RunnerKind runner, const QuantParams&) {
-  switch (runner) {
-    case RunnerKind::reference:
-    case RunnerKind::cpu:
-      return Capability::Yes(
-          "reads e4m3 rows times their block scales, widened to f32; activations quantised per "
-          "token per block of columns before each GEMM");
-    default:
-      return Capability::No(
-          fmt::format("no {} core is built for fp8-block weights", runner_name(runner)));
-  }
+Capability fp8_block_supports_runner(RunnerKind runner, const QuantParams& params) {
+  return read_by_cpu_cores(
+      runner, params.format,
+      "reads e4m3 rows times their block scales, widened to f32; activations quantised per "
+      "token per block of columns before each GEMM");
 }
 
 Capability fp8_block_supports_spec(const ModelSpec&, const QuantParams&) {

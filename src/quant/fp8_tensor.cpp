@@ -2,8 +2,6 @@
 // have their own, as checkpoints ship them) or per output channel, multiplied in. Activations
 // are quantised to e4m3 at run time per token, or with one static scale per GEMM input.
 
-#include <fmt/format.h>
-
 #include "quant/quant_method.hpp"
 
 namespace moekit {
@@ -20,17 +18,11 @@ QuantParams QuantParams::Fp8Tensor(Fp8Scaling scaling, Fp8Activations activation
   return params;
 }
 
-Capability fp8_tensor_supports_runner(RunnerKind runner, const QuantParams&) {
-  switch (runner) {
-    case RunnerKind::reference:
-    case RunnerKind::cpu:
-      return Capability::Yes(
-          "reads e4m3 rows times their scale, widened to f32; activations quantised per token or "
-          "statically before each GEMM");
-    default:
-      return Capability::No(
-          fmt::format("no {} core is built for fp8-tensor weights", runner_name(runner)));
-  }
+Capability fp8_tensor_supports_runner(RunnerKind runner, const QuantParams& params) {
+  return read_by_cpu_cores(
+      runner, params.format,
+      "reads e4m3 rows times their scale, widened to f32; activations quantised per token or "
+      "statically before each GEMM");
 }
 
 Capability fp8_tensor_supports_spec(const ModelSpec&, const QuantParams&) {

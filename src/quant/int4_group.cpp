@@ -21,15 +21,9 @@ QuantParams QuantParams::Int4Group(int64_t group, DType scale_dtype, bool zero_p
   return params;
 }
 
-Capability int4_group_supports_runner(RunnerKind runner, const QuantParams&) {
-  switch (runner) {
-    case RunnerKind::reference:
-    case RunnerKind::cpu:
-      return Capability::Yes("unpacks int4 rows, subtracts the zero point, times the group scale");
-    default:
-      return Capability::No(
-          fmt::format("no {} core is built for int4-group weights", runner_name(runner)));
-  }
+Capability int4_group_supports_runner(RunnerKind runner, const QuantParams& params) {
+  return read_by_cpu_cores(runner, params.format,
+                           "unpacks int4 rows, subtracts the zero point, times the group scale");
 }
 
 Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams&) {

@@ -66,6 +66,14 @@ std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int
   return specs;
 }
 
+Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string reason) {
+  if (runner == RunnerKind::reference || runner == RunnerKind::cpu) {
+    return Capability::Yes(std::move(reason));
+  }
+  return Capability::No(fmt::format("no {} core is built for {} weights", runner_name(runner),
+                                    weight_format_name(format)));
+}
+
 QuantMethod::QuantMethod(const QuantParams& params) : params_(params) {}
 
 void QuantMethod::create_weights(int slots, int64_t hidden, int64_t intermediate) {

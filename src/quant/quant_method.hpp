@@ -70,6 +70,10 @@ class QuantMethod {
   CoreWeights weights_;
 };
 
+// The answer every format gives today: the CPU-side cores (reference, cpu) read it, with the
+// format's reason; no GPU core is built for it yet.
+Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string reason);
+
 // The formats' own capability checks, one pair per file in this folder.
 Capability unquantized_supports_runner(RunnerKind runner, const QuantParams& params);
 Capability unquantized_supports_spec(const ModelSpec& spec, const QuantParams& params);

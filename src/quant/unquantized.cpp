@@ -26,15 +26,8 @@ QuantParams QuantParams::Unquantized(WeightFormat format) {
   return params;
 }
 
-Capability unquantized_supports_runner(RunnerKind runner, const QuantParams&) {
-  switch (runner) {
-    case RunnerKind::reference:
-    case RunnerKind::cpu:
-      return Capability::Yes("reads f32/f16/bf16 rows, widened to f32");
-    default:
-      return Capability::No(
-          fmt::format("no {} core is built for unquantized weights", runner_name(runner)));
-  }
+Capability unquantized_supports_runner(RunnerKind runner, const QuantParams& params) {
+  return read_by_cpu_cores(runner, params.format, "reads f32/f16/bf16 rows, widened to f32");
 }
 
 Capability unquantized_supports_spec(const ModelSpec&, const QuantParams&) {
