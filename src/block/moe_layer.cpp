@@ -82,6 +82,16 @@ MatrixSource piece(const ExpertMatrices& m, const QuantParams& q, int64_t e, int
   return s;
 }
 
+// Expert e's whole gate [I, H], up [I, H] and down [H, I].
+struct ExpertPieces {
+  MatrixSource gate, up, down;
+};
+ExpertPieces whole_expert(const ExpertMatrices& w13, const ExpertMatrices& w2, const QuantParams& q,
+                          int64_t e, int64_t H, int64_t I) {
+  return {piece(w13, q, e, I, 0, I, 0, H), piece(w13, q, e, I, I, I, 0, H),
+          piece(w2, q, e, H, 0, H, 0, I)};
+}
+
 }  // namespace
 
 class MoeLayer::Impl {
@@ -118,16 +128,17 @@ class MoeLayer::Impl {
 
     for (int slot = 0; slot < plan.local_routed; ++slot) {
       const int e = plan.location.physical_to_logical[plan.first_local + slot];
-      routed_.load(slot, piece(weights.w13, q, e, I, 0, I, 0, H),
-                   piece(weights.w13, q, e, I, I, I, 0, H), piece(weights.w2, q, e, H, 0, H, 0, I));
+      const ExpertPieces expert = whole_expert(weights.w13, weights.w2, q, e, H, I);
+      routed_.load(slot, expert.gate, expert.up, expert.down);
     }
     if (plan.shared_slots > 0) load_shared_slots(weights);
     if (plan.adds_shared_output) build_shared(weights);
     if (q.activation == ActivationQuant::fp8_static) {
-      const float a13 =
-          std::max(largest_input_scale(weights.w13), largest_input_scale(weights.shared_w13));
-      const float a2 =
-          std::max(largest_input_scale(weights.w2), largest_input_scale(weights.shared_w2));
+      const bool shared = spec.n_shared > 0;
+      const float a13 = std::max(largest_input_scale(weights.w13),
+                                 shared ? largest_input_scale(weights.shared_w13) : 0.0f);
+      const float a2 = std::max(largest_input_scale(weights.w2),
+                                shared ? largest_input_scale(weights.shared_w2) : 0.0f);
       routed_.set_input_scales(a13, a2);
       if (shared_) shared_->set_input_scales(a13, a2);
     }
@@ -253,9 +264,9 @@ class MoeLayer::Impl {
     shared_.emplace(plan_, problem, identity);
     const QuantParams& q = plan_.quant;
     for (int s = 0; s < n; ++s) {
-      shared_->load(s, piece(weights.shared_w13, q, s, Is, 0, Is, 0, spec.hidden),
-                    piece(weights.shared_w13, q, s, Is, Is, Is, 0, spec.hidden),
-                    piece(weights.shared_w2, q, s, spec.hidden, 0, spec.hidden, 0, Is));
+      const ExpertPieces expert =
+          whole_expert(weights.shared_w13, weights.shared_w2, q, s, spec.hidden, Is);
+      shared_->load(s, expert.gate, expert.up, expert.down);
     }
     const int64_t entries = plan_.options.max_tokens * n;
     shared_ids_.resize(static_cast<size_t>(entries));
