@@ -175,10 +175,8 @@ class MoeLayer::Impl {
     if (T == 0) return;
     if (plan_.options.check_finite) check_finite_rows(hidden, "hidden_states", finite_row_);
 
-    routing::select_experts(spec.routing, spec.n_experts, logits,
-                            correction_bias_.empty() ? nullptr : correction_bias_.data(),
-                            plan_.options.check_finite, logical_ids_.data(),
-                            logical_weights_.data(), &pool_);
+    router_->select(logits, plan_.options.check_finite, logical_ids_.data(),
+                    logical_weights_.data(), &pool_);
     to_physical(T);
 
     if (plan_.form == BlockForm::overlapped && shared_) {
