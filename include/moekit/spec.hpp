@@ -60,6 +60,9 @@ struct ModelSpec {
   RoutingSpec routing;
   int n_shared = 0;  // shared experts, each a gated MLP of shared_intermediate
   int64_t shared_intermediate = 0;
+  // Qwen2-MoE: the shared experts' output is scaled per token by sigmoid(hidden . g), g the
+  // checkpoint's shared_expert_gate [1, H] (LayerWeights::shared_gate).
+  bool shared_gate = false;
   Activation activation;
 
   // Presets with the real sizes of the models they name: "dsv3", "qwen3-moe", "mixtral".

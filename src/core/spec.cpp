@@ -190,6 +190,7 @@ ModelSpec ModelSpec::from_json(std::string_view json_text) {
                                                   "routed_scaling_factor",
                                                   "n_shared_experts",
                                                   "shared_intermediate_size",
+                                                  "shared_expert_gate",
                                                   "activation",
                                                   "swiglu_alpha",
                                                   "swiglu_limit"};
@@ -216,6 +217,7 @@ ModelSpec ModelSpec::from_json(std::string_view json_text) {
   get_optional(object, "routed_scaling_factor", routing.routed_scaling_factor);
   get_optional(object, "n_shared_experts", spec.n_shared);
   get_optional(object, "shared_intermediate_size", spec.shared_intermediate);
+  get_optional(object, "shared_expert_gate", spec.shared_gate);
   if (object.contains("activation")) {
     spec.activation.kind = get_enum(object, "activation", kActivations);
   }
@@ -258,6 +260,7 @@ std::string ModelSpec::to_json() const {
       {"routed_scaling_factor", routing.routed_scaling_factor},
       {"n_shared_experts", n_shared},
       {"shared_intermediate_size", shared_intermediate},
+      {"shared_expert_gate", shared_gate},
       {"activation", activation_name(activation.kind)},
   };
   if (activation.kind == ActivationKind::swiglu_oai) {
@@ -309,6 +312,7 @@ std::vector<std::string> ModelSpec::problems() const {
   check(
       n_shared == 0 || shared_intermediate > 0,
       fmt::format("shared experts need a positive intermediate size, got {}", shared_intermediate));
+  check(!shared_gate || n_shared > 0, "a shared expert gate needs shared experts");
   if (activation.kind == ActivationKind::swiglu_oai) {
     check(activation.alpha > 0 && std::isfinite(activation.alpha),
           fmt::format("swiglu alpha must be positive, got {}", activation.alpha));
@@ -330,7 +334,8 @@ std::string ModelSpec::summary() const {
   if (routing.routed_scaling_factor != 1.0f)
     text += fmt::format(", scaled x{}", routing.routed_scaling_factor);
   if (n_shared > 0)
-    text += fmt::format(", {} shared expert(s) of I={}", n_shared, shared_intermediate);
+    text += fmt::format(", {} shared expert(s) of I={}{}", n_shared, shared_intermediate,
+                        shared_gate ? " with a sigmoid gate" : "");
   return text + ", " + activation.str();
 }
 
