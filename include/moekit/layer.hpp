@@ -17,6 +17,7 @@ struct LayerWeights {
   TensorView correction_bias;  // [E] f32, when spec.routing.correction_bias
   ExpertMatrices shared_w13;   // [n_shared, 2 * shared_I, H], when spec.n_shared > 0
   ExpertMatrices shared_w2;    // [n_shared, H, shared_I]
+  TensorView shared_gate;      // [1, H] f32/bf16/f16, when spec.shared_gate
 };
 
 // A layer's float weights quantised once into a format, routed and shared experts alike, as a
@@ -25,6 +26,7 @@ struct LayerWeights {
 struct QuantizedLayerWeights {
   QuantizedMatrices w13, w2, shared_w13, shared_w2;
   TensorView correction_bias;
+  TensorView shared_gate;
   TensorView input_scales[4];  // w13, w2, shared_w13, shared_w2
   LayerWeights view() const;
 };

@@ -19,6 +19,7 @@ struct RandomWeights {
   Tensor correction_bias;
   Tensor shared_w13;
   Tensor shared_w2;
+  Tensor shared_gate;
 
   static RandomWeights make(const ModelSpec& spec, DType dtype, uint64_t seed);
   LayerWeights view() const;

@@ -120,6 +120,7 @@ class MoeLayer::Impl {
     }
     router_.emplace(plan_.spec.routing, spec.n_experts,
                     correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
+    if (spec.shared_gate) load_shared_gate(weights.shared_gate);
     const int64_t Is = spec.shared_intermediate;
     if (spec.n_shared > 0) {
       check_matrices(weights.shared_w13, "weights.shared_w13", spec.n_shared, Is, H, 2, q);
@@ -153,6 +154,8 @@ class MoeLayer::Impl {
     physical_ids_.resize(static_cast<size_t>(T * columns_));
     physical_weights_.resize(static_cast<size_t>(T * columns_));
     routed_out_.resize(static_cast<size_t>(T * H));
+    shared_gate_values_.resize(static_cast<size_t>(spec.shared_gate ? T : 0));
+    gate_rows_.resize(static_cast<size_t>(spec.shared_gate ? pool_.size() * H : 0));
     finite_row_.resize(static_cast<size_t>(std::max<int64_t>(H, E)));
   }
 
@@ -177,6 +180,7 @@ class MoeLayer::Impl {
 
     router_->select(logits, plan_.options.check_finite, logical_ids_.data(),
                     logical_weights_.data(), &pool_);
+    if (plan_.spec.shared_gate) compute_shared_gate(hidden);
     to_physical(T);
 
     if (plan_.form == BlockForm::overlapped && shared_) {
@@ -276,6 +280,45 @@ class MoeLayer::Impl {
     }
   }
 
+  void load_shared_gate(const TensorView& gate) {
+    const int64_t H = plan_.spec.hidden;
+    if (gate.data == nullptr || !(gate.shape == Shape{1, H}) || !is_activation_dtype(gate.dtype) ||
+        gate.device.kind != DeviceKind::cpu || !gate.is_contiguous()) {
+      fail(Errc::invalid_argument,
+           "weights.shared_gate: expected contiguous f32/bf16/f16 [1, {}] on the CPU, got {}", H,
+           gate.data == nullptr ? std::string("nothing") : gate.describe());
+    }
+    shared_gate_.resize(static_cast<size_t>(H));
+    convert_to_f32(gate.data, gate.dtype, H, shared_gate_.data());
+    for (int64_t h = 0; h < H; ++h) {
+      if (!std::isfinite(shared_gate_[h])) {
+        fail(Errc::invalid_argument, "weights.shared_gate: element [0, {}] is {}", h,
+             shared_gate_[h]);
+      }
+    }
+  }
+
+  // Qwen2-MoE scales the shared experts' output per token by sigmoid(hidden . gate). The
+  // factor becomes the shared entries' weight, in whichever form the plan runs them.
+  void compute_shared_gate(const TensorView& hidden) {
+    const int64_t T = hidden.dim(0), H = plan_.spec.hidden;
+    const auto* base = static_cast<const char*>(hidden.data);
+    pool_.parallel_chunks(T, [&](int64_t begin, int64_t end, int worker) {
+      float* row = gate_rows_.data() + static_cast<size_t>(worker * H);
+      for (int64_t t = begin; t < end; ++t) {
+        convert_to_f32(base + dtype_storage_bytes(hidden.dtype, t * H), hidden.dtype, H, row);
+        double dot = 0.0;
+        for (int64_t h = 0; h < H; ++h) dot += double{row[h]} * shared_gate_[h];
+        shared_gate_values_[t] = static_cast<float>(1.0 / (1.0 + std::exp(-dot)));
+      }
+    });
+    if (!shared_) return;
+    const int n = plan_.spec.n_shared;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int s = 0; s < n; ++s) shared_weights_[t * n + s] = shared_gate_values_[t];
+    }
+  }
+
   void run_shared(const TensorView& hidden) {
     ThreadPool& pool = shared_pool_ ? *shared_pool_ : pool_;
     shared_->forward(hidden, shared_ids_.data(), shared_weights_.data(), shared_out_.data(), pool);
@@ -293,7 +336,8 @@ class MoeLayer::Impl {
       }
       for (int s = 0; s < plan_.shared_slots; ++s) {
         physical_ids_[t * columns_ + top_k_ + s] = location.physical + s;
-        physical_weights_[t * columns_ + top_k_ + s] = plan_.shared_slot_weight;
+        physical_weights_[t * columns_ + top_k_ + s] =
+            plan_.shared_slot_weight * (plan_.spec.shared_gate ? shared_gate_values_[t] : 1.0f);
       }
     }
   }
@@ -342,6 +386,9 @@ class MoeLayer::Impl {
   std::vector<float> routed_out_;
   std::vector<float> shared_out_;
   std::vector<float> finite_row_;
+  std::vector<float> shared_gate_;         // [H]
+  std::vector<float> shared_gate_values_;  // [max_tokens]
+  std::vector<float> gate_rows_;           // [threads, H]
 };
 
 MoeLayer::MoeLayer(const Plan& plan, const LayerWeights& weights)

@@ -41,11 +41,13 @@ RandomWeights RandomWeights::make(const ModelSpec& spec, DType dtype, uint64_t s
     w.shared_w13 = random_tensor({spec.n_shared, 2 * Is, H}, dtype, rng, scale(H));
     w.shared_w2 = random_tensor({spec.n_shared, H, Is}, dtype, rng, scale(Is));
   }
+  if (spec.shared_gate) w.shared_gate = random_tensor({1, H}, dtype, rng, scale(H));
   return w;
 }
 
 LayerWeights RandomWeights::view() const {
-  return {w13.view(), w2.view(), correction_bias.view(), shared_w13.view(), shared_w2.view()};
+  return {w13.view(),        w2.view(),        correction_bias.view(),
+          shared_w13.view(), shared_w2.view(), shared_gate.view()};
 }
 
 double relative_l2(const TensorView& got, const TensorView& want) {

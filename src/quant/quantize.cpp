@@ -212,6 +212,7 @@ QuantizedLayerWeights quantize_layer(const LayerWeights& weights, const QuantPar
     out.shared_w2 = quantize_matrices(weights.shared_w2.weight, 1, params);
   }
   out.correction_bias = weights.correction_bias;
+  out.shared_gate = weights.shared_gate;
   out.input_scales[0] = weights.w13.input_scale;
   out.input_scales[1] = weights.w2.input_scale;
   out.input_scales[2] = weights.shared_w13.input_scale;
@@ -230,6 +231,7 @@ LayerWeights QuantizedLayerWeights::view() const {
   w.shared_w13.input_scale = input_scales[2];
   w.shared_w2.input_scale = input_scales[3];
   w.correction_bias = correction_bias;
+  w.shared_gate = shared_gate;
   return w;
 }
 

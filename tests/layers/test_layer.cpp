@@ -34,6 +34,15 @@ ModelSpec small_softmax(int experts, int top_k, bool renormalize) {
   return spec;
 }
 
+// Qwen2-MoE: softmax without renormalising, and one shared expert behind a sigmoid gate.
+ModelSpec small_qwen2_moe() {
+  ModelSpec spec = small_softmax(8, 2, false);
+  spec.n_shared = 1;
+  spec.shared_intermediate = 48;
+  spec.shared_gate = true;
+  return spec;
+}
+
 ModelSpec small_sqrt_softplus() {
   ModelSpec spec = small_softmax(12, 3, true);
   spec.routing.scoring = Scoring::sqrt_softplus;
@@ -52,6 +61,7 @@ std::vector<PathCase> path_cases() {
       {"swiglu_oai",
        with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
       {"sqrt_softplus", small_sqrt_softplus()},
+      {"qwen2_shared_gate", small_qwen2_moe()},
   };
   for (const auto& [name, spec] : specs) {
     for (RunnerKind runner : {RunnerKind::reference, RunnerKind::cpu}) {

@@ -27,6 +27,49 @@ TEST(SharedExperts, StandardOverlappedAndFusedSlotAgree) {
   for (const LayerRun& run : runs) EXPECT_LT(relative_l2(run.output, want), 1e-5);
 }
 
+TEST(SharedExperts, SigmoidGateScalesTheSharedOutputInEveryForm) {
+  ModelSpec spec = small_dsv3();
+  spec.shared_gate = true;
+  const RandomWeights weights = RandomWeights::make(spec, DType::f32, 35);
+  const Inputs in = random_inputs(spec, 11, DType::f32, 36);
+  Options options;
+  options.weights = WeightFormat::f32;
+  options.max_tokens = 16;
+  for (BlockForm form : {BlockForm::standard, BlockForm::overlapped, BlockForm::fused_slot}) {
+    options.form = form;
+    const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+    ASSERT_EQ(plan.form, form);
+    const LayerRun run = run_plan(plan, weights.view(), in);
+    EXPECT_LT(relative_l2(run.output,
+                          oracle_output(spec, weights.view(), in.hidden, run.ids, run.weights)),
+              1e-5)
+        << block_form_name(form);
+    ModelSpec ungated = spec;
+    ungated.shared_gate = false;
+    EXPECT_GT(relative_l2(run.output,
+                          oracle_output(ungated, weights.view(), in.hidden, run.ids, run.weights)),
+              1e-2)
+        << "the gate changed nothing in form " << block_form_name(form);
+  }
+}
+
+TEST(SharedExperts, SharedGateMustBeGiven) {
+  ModelSpec spec = small_dsv3();
+  spec.shared_gate = true;
+  const RandomWeights weights = RandomWeights::make(spec, DType::f32, 37);
+  LayerWeights given = weights.view();
+  given.shared_gate = TensorView();
+  Options options;
+  options.weights = WeightFormat::f32;
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  try {
+    MoeLayer layer(plan, given);
+    FAIL() << "a missing shared gate was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weights.shared_gate"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SharedExperts, ScalingFactorAppliesToTheRoutedPartOnly) {
   // With the routed weights scaled by s, the oracle adds the shared output unscaled; changing s
   // must change the output by exactly the routed part.

@@ -146,10 +146,18 @@ inline std::vector<double> oracle_output(const ModelSpec& spec, const LayerWeigh
     const int64_t Is = spec.shared_intermediate;
     const std::vector<double> s13w = dequantized(w.shared_w13, 2, quant),
                               s2w = dequantized(w.shared_w2, 1, quant);
+    const std::vector<double> gate =
+        spec.shared_gate ? to_doubles(w.shared_gate) : std::vector<double>(H, 0.0);
     for (int64_t t = 0; t < T; ++t) {
+      double g = 1.0;
+      if (spec.shared_gate) {
+        double dot = 0.0;
+        for (int64_t h = 0; h < H; ++h) dot += x[t * H + h] * gate[h];
+        g = 1.0 / (1.0 + std::exp(-dot));
+      }
       for (int s = 0; s < spec.n_shared; ++s) {
         add_quantized_mlp(spec.activation, quant, s13, s2, &s13w[s * 2 * Is * H], &s2w[s * H * Is],
-                          H, Is, &x[t * H], 1.0, &out[t * H]);
+                          H, Is, &x[t * H], g, &out[t * H]);
       }
     }
   }
