@@ -2,6 +2,7 @@
 // One MoE layer, built from a Plan and the model's weights; forward() runs the plan.
 
 #include <memory>
+#include <string>
 
 #include "moekit/plan.hpp"
 #include "moekit/tensor.hpp"
@@ -18,6 +19,27 @@ struct LayerWeights {
   ExpertMatrices shared_w13;   // [n_shared, 2 * shared_I, H], when spec.n_shared > 0
   ExpertMatrices shared_w2;    // [n_shared, H, shared_I]
   TensorView shared_gate;      // [1, H] f32/bf16/f16, when spec.shared_gate
+};
+
+// One expert's matrices as a LayerWeightSource hands them over: w13 [1, 2I, H] (gate rows, then
+// up rows) and w2 [1, H, I], as ExpertMatrices describes them. `origin` says where they come
+// from ("model.layers.3.mlp.experts.7"), for error messages.
+struct ExpertWeights {
+  ExpertMatrices w13;
+  ExpertMatrices w2;
+  std::string origin;
+};
+
+// A layer's weights handed over one expert at a time, so that a rank reads only the experts it
+// holds and nothing stacks every expert in memory (a checkpoint on disk, say). The views a call
+// returns need to stay valid only until the next call.
+class LayerWeightSource {
+ public:
+  virtual ~LayerWeightSource() = default;
+  virtual ExpertWeights routed(int expert) = 0;  // a logical expert id
+  virtual ExpertWeights shared(int index) = 0;
+  virtual TensorView correction_bias() = 0;  // [E] f32, when spec.routing.correction_bias
+  virtual TensorView shared_gate() = 0;      // [1, H], when spec.shared_gate
 };
 
 // A layer's float weights quantised once into a format, routed and shared experts alike, as a
@@ -43,6 +65,10 @@ class MoeLayer {
   // Checks every weight's shape and dtype against the plan's spec (invalid_argument naming it),
   // allocates the weights this rank holds and all scratch memory, once.
   MoeLayer(const Plan& plan, const LayerWeights& weights);
+  // The same from a source that hands over one expert at a time; only this rank's experts are
+  // asked for, and each is checked as it arrives. fp8 static activation scales come with
+  // LayerWeights only (they are the largest over all experts).
+  MoeLayer(const Plan& plan, LayerWeightSource& source);
   ~MoeLayer();
   MoeLayer(MoeLayer&&) noexcept;
   MoeLayer& operator=(MoeLayer&&) noexcept;

@@ -94,48 +94,48 @@ ExpertPieces whole_expert(const ExpertMatrices& w13, const ExpertMatrices& w2, c
 
 }  // namespace
 
+// LayerWeights as a source: views of one expert of each stack. The stacks are checked whole
+// before anything loads, so a bad element is named by its place in the caller's tensor.
+class StackedWeights final : public LayerWeightSource {
+ public:
+  StackedWeights(const Plan& plan, const LayerWeights& weights) : w_(weights) {
+    const ModelSpec& spec = plan.spec;
+    const int64_t H = spec.hidden, I = spec.intermediate, Is = spec.shared_intermediate;
+    check_matrices(w_.w13, "weights.w13", spec.n_experts, I, H, 2, plan.quant);
+    check_matrices(w_.w2, "weights.w2", spec.n_experts, H, I, 1, plan.quant);
+    if (spec.n_shared > 0) {
+      check_matrices(w_.shared_w13, "weights.shared_w13", spec.n_shared, Is, H, 2, plan.quant);
+      check_matrices(w_.shared_w2, "weights.shared_w2", spec.n_shared, H, Is, 1, plan.quant);
+    }
+  }
+  ExpertWeights routed(int expert) override {
+    return {one(w_.w13, expert), one(w_.w2, expert), fmt::format("expert {}", expert)};
+  }
+  ExpertWeights shared(int index) override {
+    return {one(w_.shared_w13, index), one(w_.shared_w2, index),
+            fmt::format("shared expert {}", index)};
+  }
+  TensorView correction_bias() override { return w_.correction_bias; }
+  TensorView shared_gate() override { return w_.shared_gate; }
+
+ private:
+  static ExpertMatrices one(const ExpertMatrices& m, int64_t e) {
+    ExpertMatrices out;
+    out.weight = m.weight.narrow(0, e, 1);
+    if (m.scale.data != nullptr) out.scale = m.scale.narrow(0, e, 1);
+    if (m.zero.data != nullptr) out.zero = m.zero.narrow(0, e, 1);
+    return out;
+  }
+  const LayerWeights& w_;
+};
+
 class MoeLayer::Impl {
  public:
-  Impl(const Plan& plan, const LayerWeights& weights)
-      : plan_(plan),
-        pool_(plan.threads),
-        top_k_(plan.spec.routing.top_k),
-        columns_(top_k_ + plan.shared_slots),
-        routed_(plan, routed_problem(), routed_global_to_local()) {
-    const ModelSpec& spec = plan.spec;
-    const int64_t H = spec.hidden, I = spec.intermediate, E = spec.n_experts;
-    const QuantParams& q = plan.quant;
-    check_matrices(weights.w13, "weights.w13", E, I, H, 2, q);
-    check_matrices(weights.w2, "weights.w2", E, H, I, 1, q);
-    if (spec.routing.correction_bias) {
-      const TensorView& bias = weights.correction_bias;
-      if (bias.data == nullptr || !(bias.shape == Shape{E}) || bias.dtype != DType::f32 ||
-          bias.device.kind != DeviceKind::cpu || !bias.is_contiguous()) {
-        fail(Errc::invalid_argument,
-             "weights.correction_bias: expected contiguous f32[{}] on the CPU, got {}", E,
-             bias.data == nullptr ? std::string("nothing") : bias.describe());
-      }
-      const auto* values = bias.as<const float>();
-      correction_bias_.assign(values, values + E);
-    }
-    router_.emplace(plan_.spec.routing, spec.n_experts,
-                    correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
-    if (spec.shared_gate) load_shared_gate(weights.shared_gate);
-    const int64_t Is = spec.shared_intermediate;
-    if (spec.n_shared > 0) {
-      check_matrices(weights.shared_w13, "weights.shared_w13", spec.n_shared, Is, H, 2, q);
-      check_matrices(weights.shared_w2, "weights.shared_w2", spec.n_shared, H, Is, 1, q);
-    }
-
-    for (int slot = 0; slot < plan.local_routed; ++slot) {
-      const int e = plan.location.physical_to_logical[plan.first_local + slot];
-      const ExpertPieces expert = whole_expert(weights.w13, weights.w2, q, e, H, I);
-      routed_.load(slot, expert.gate, expert.up, expert.down);
-    }
-    if (plan.shared_slots > 0) load_shared_slots(weights);
-    if (plan.adds_shared_output) build_shared(weights);
-    if (q.activation == ActivationQuant::fp8_static) {
-      const bool shared = spec.n_shared > 0;
+  Impl(const Plan& plan, const LayerWeights& weights) : Impl(plan) {
+    StackedWeights source(plan, weights);
+    load(source, /*checked=*/true);
+    if (plan.quant.activation == ActivationQuant::fp8_static) {
+      const bool shared = plan.spec.n_shared > 0;
       const float a13 = std::max(largest_input_scale(weights.w13),
                                  shared ? largest_input_scale(weights.shared_w13) : 0.0f);
       const float a2 = std::max(largest_input_scale(weights.w2),
@@ -143,6 +143,26 @@ class MoeLayer::Impl {
       routed_.set_input_scales(a13, a2);
       if (shared_) shared_->set_input_scales(a13, a2);
     }
+  }
+
+  Impl(const Plan& plan, LayerWeightSource& source) : Impl(plan) {
+    if (plan.quant.activation == ActivationQuant::fp8_static) {
+      fail(Errc::invalid_argument,
+           "fp8 static activation scales are the largest over all experts and come with "
+           "LayerWeights only, not from a per-expert source");
+    }
+    load(source, /*checked=*/false);
+  }
+
+  // Everything but the weights: the experts layers, the router's scratch, the batch buffers.
+  explicit Impl(const Plan& plan)
+      : plan_(plan),
+        pool_(plan.threads),
+        top_k_(plan.spec.routing.top_k),
+        columns_(top_k_ + plan.shared_slots),
+        routed_(plan, routed_problem(), routed_global_to_local()) {
+    const ModelSpec& spec = plan.spec;
+    const int64_t H = spec.hidden, E = spec.n_experts;
     for (const Decision* d : plan.fallbacks()) {
       log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", spec.name, d->topic,
           *d->fallback, d->reason);
@@ -225,15 +245,61 @@ class MoeLayer::Impl {
     return table;
   }
 
+  void load(LayerWeightSource& source, bool checked) {
+    const ModelSpec& spec = plan_.spec;
+    const int64_t H = spec.hidden, I = spec.intermediate, Is = spec.shared_intermediate;
+    const QuantParams& q = plan_.quant;
+    if (spec.routing.correction_bias) load_correction_bias(source.correction_bias());
+    router_.emplace(spec.routing, spec.n_experts,
+                    correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
+    if (spec.shared_gate) load_shared_gate(source.shared_gate());
+    const auto fetch = [&](ExpertWeights w, int64_t inner) {
+      if (!checked) {
+        check_matrices(w.w13, w.origin + " gate/up", 1, inner, H, 2, q);
+        check_matrices(w.w2, w.origin + " down", 1, H, inner, 1, q);
+      }
+      return w;
+    };
+    for (int slot = 0; slot < plan_.local_routed; ++slot) {
+      const int e = plan_.location.physical_to_logical[plan_.first_local + slot];
+      const ExpertWeights w = fetch(source.routed(e), I);
+      const ExpertPieces expert = whole_expert(w.w13, w.w2, q, 0, H, I);
+      routed_.load(slot, expert.gate, expert.up, expert.down);
+    }
+    if (plan_.shared_slots > 0) {
+      for (int s = 0; s < spec.n_shared; ++s) load_shared_slots(s, fetch(source.shared(s), Is));
+    }
+    if (plan_.adds_shared_output) {
+      build_shared();
+      for (int s = 0; s < spec.n_shared; ++s) {
+        const ExpertWeights w = fetch(source.shared(s), Is);
+        const ExpertPieces expert = whole_expert(w.w13, w.w2, q, 0, H, Is);
+        shared_->load(s, expert.gate, expert.up, expert.down);
+      }
+    }
+  }
+
+  void load_correction_bias(const TensorView& bias) {
+    const int64_t E = plan_.spec.n_experts;
+    if (bias.data == nullptr || !(bias.shape == Shape{E}) || bias.dtype != DType::f32 ||
+        bias.device.kind != DeviceKind::cpu || !bias.is_contiguous()) {
+      fail(Errc::invalid_argument,
+           "weights.correction_bias: expected contiguous f32[{}] on the CPU, got {}", E,
+           bias.data == nullptr ? std::string("nothing") : bias.describe());
+    }
+    const auto* values = bias.as<const float>();
+    correction_bias_.assign(values, values + E);
+  }
+
   // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated
   // activations act element-wise along I, so its gate/up rows and down columns split cleanly.
   // Float weights of a quantised format are quantised whole first, as the other forms quantise
   // them, so that the split changes no number.
-  void load_shared_slots(const LayerWeights& weights) {
+  void load_shared_slots(int s, const ExpertWeights& weights) {
     const ModelSpec& spec = plan_.spec;
     const QuantParams& q = plan_.quant;
     const int64_t I = spec.intermediate, Is = spec.shared_intermediate, H = spec.hidden;
-    ExpertMatrices w13 = weights.shared_w13, w2 = weights.shared_w2;
+    ExpertMatrices w13 = weights.w13, w2 = weights.w2;
     QuantizedMatrices quantized13, quantized2;
     if (q.quantized() && is_float_weight(w13.weight.dtype)) {
       quantized13 = quantize_matrices(w13.weight, 2, q);
@@ -244,15 +310,13 @@ class MoeLayer::Impl {
       w2 = quantized2.view();
     }
     const int pieces = plan_.shared_slots / spec.n_shared;
-    for (int s = 0; s < spec.n_shared; ++s) {
-      for (int p = 0; p < pieces; ++p) {
-        routed_.load(plan_.local_routed + s * pieces + p, piece(w13, q, s, Is, p * I, I, 0, H),
-                     piece(w13, q, s, Is, Is + p * I, I, 0, H), piece(w2, q, s, H, 0, H, p * I, I));
-      }
+    for (int p = 0; p < pieces; ++p) {
+      routed_.load(plan_.local_routed + s * pieces + p, piece(w13, q, 0, Is, p * I, I, 0, H),
+                   piece(w13, q, 0, Is, Is + p * I, I, 0, H), piece(w2, q, 0, H, 0, H, p * I, I));
     }
   }
 
-  void build_shared(const LayerWeights& weights) {
+  void build_shared() {
     const ModelSpec& spec = plan_.spec;
     const int n = spec.n_shared;
     const int64_t Is = spec.shared_intermediate;
@@ -264,12 +328,6 @@ class MoeLayer::Impl {
     std::vector<int32_t> identity(static_cast<size_t>(n));
     for (int s = 0; s < n; ++s) identity[s] = s;
     shared_.emplace(plan_, problem, identity);
-    const QuantParams& q = plan_.quant;
-    for (int s = 0; s < n; ++s) {
-      const ExpertPieces expert =
-          whole_expert(weights.shared_w13, weights.shared_w2, q, s, spec.hidden, Is);
-      shared_->load(s, expert.gate, expert.up, expert.down);
-    }
     const int64_t entries = plan_.options.max_tokens * n;
     shared_ids_.resize(static_cast<size_t>(entries));
     shared_weights_.assign(static_cast<size_t>(entries), 1.0f);
@@ -393,6 +451,8 @@ class MoeLayer::Impl {
 
 MoeLayer::MoeLayer(const Plan& plan, const LayerWeights& weights)
     : impl_(std::make_unique<Impl>(plan, weights)) {}
+MoeLayer::MoeLayer(const Plan& plan, LayerWeightSource& source)
+    : impl_(std::make_unique<Impl>(plan, source)) {}
 MoeLayer::~MoeLayer() = default;
 MoeLayer::MoeLayer(MoeLayer&&) noexcept = default;
 MoeLayer& MoeLayer::operator=(MoeLayer&&) noexcept = default;
