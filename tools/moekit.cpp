@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "commands.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/plan.hpp"
@@ -199,7 +200,8 @@ int main(int argc, char** argv) {
   flags.add_spec(*matrix);
   flags.add_deployment(*matrix);
 
-  const std::vector<Command> commands = {};
+  const std::vector<Command> commands = {add_bench_command(app), add_run_command(app),
+                                         add_inspect_command(app)};
 
   try {
     app.parse(argc, argv);

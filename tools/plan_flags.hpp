@@ -41,16 +41,32 @@ struct PlanFlags {
   std::optional<int64_t> group_size;
   std::optional<std::string> scale_dtype;
   bool zero_points = false;
+  CLI::Option* weights_option = nullptr;
+
+  // The weight format asked for on the command line, if any.
+  std::optional<QuantParams> requested_quant() const {
+    if (weights_option == nullptr || weights_option->count() == 0) {
+      if (fp8_scaling || activations || block_size || group_size || scale_dtype || zero_points) {
+        fail(Errc::invalid_argument, "format flags such as --group-size need {}",
+             weights_option == nullptr ? "--weights" : weights_option->get_name());
+      }
+      return std::nullopt;
+    }
+    return quant();
+  }
 
   void add_spec(CLI::App& app) {
     auto* preset_opt = app.add_option("--preset", preset, "model preset: dsv3, qwen3-moe, mixtral");
     app.add_option("--spec", spec_file, "model spec JSON file")->excludes(preset_opt);
   }
-  void add_deployment(CLI::App& app) {
+  // `weights_flag` names the weight-format flag: --weights, or --quantize where the weights come
+  // from a checkpoint and the flag asks to quantise them at load time.
+  void add_deployment(CLI::App& app, const std::string& weights_flag = "--weights") {
     app.add_option("--runner", runner, "auto, reference, cpu, cuda, hopper")->capture_default_str();
     app.add_option("--a2a", a2a, "none, mpi, nccl")->capture_default_str();
-    app.add_option("--weights", weights, "f32, f16, bf16, fp8-tensor, fp8-block, int4-group")
-        ->capture_default_str();
+    weights_option =
+        app.add_option(weights_flag, weights, "f32, f16, bf16, fp8-tensor, fp8-block, int4-group");
+    if (weights_flag == "--weights") weights_option->capture_default_str();
     app.add_option("--form", form, "block form: auto, standard, overlapped, fused-slot")
         ->capture_default_str();
     app.add_option("--ep-size", ep_size, "expert-parallel ranks")->capture_default_str();

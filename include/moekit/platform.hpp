@@ -18,6 +18,7 @@ struct Platform {
   int cpu_threads = 1;
   bool avx2 = false;
   bool fma = false;
+  bool f16c = false;  // f16 <-> f32 conversion, which every AVX2 CPU also has
   bool avx512f = false;
   std::vector<GpuInfo> gpus;
   bool cuda_runtime = false;  // this build of moekit links a CUDA runtime

@@ -1,12 +1,23 @@
 #include "experts/experts_layer.hpp"
 
 #include "moekit/error.hpp"
+#include "runner/registry.hpp"
 
 namespace moekit {
 namespace {
 
+// The problem as the runner builds it: with the weight format and, for the cpu runner, the
+// kernels the plan chose for its platform.
+ExpertsProblem runner_problem(const Plan& plan, ExpertsProblem problem) {
+  problem.quant = plan.quant;
+  if (plan.runner == RunnerKind::cpu) problem.kernels = choose_cpu_kernels(plan.platform).kernels;
+  return problem;
+}
+
 std::unique_ptr<QuantMethod> create_quant_method(const Plan& plan, const ExpertsProblem& problem) {
-  auto method = std::make_unique<QuantMethod>(plan.quant);
+  const WeightLayout layout =
+      problem.kernels == CpuKernels::avx2_panels ? WeightLayout::panel16 : WeightLayout::canonical;
+  auto method = std::make_unique<QuantMethod>(plan.quant, layout);
   method->create_weights(problem.slots, problem.hidden, problem.intermediate);
   return method;
 }
@@ -15,10 +26,10 @@ std::unique_ptr<QuantMethod> create_quant_method(const Plan& plan, const Experts
 
 ExpertsLayer::ExpertsLayer(const Plan& plan, const ExpertsProblem& problem,
                            std::vector<int32_t> global_to_local)
-    : problem_(problem),
-      quant_(create_quant_method(plan, problem)),
-      dispatcher_(std::move(global_to_local), problem.max_rows()),
-      runner_(plan, problem),
+    : problem_(runner_problem(plan, problem)),
+      quant_(create_quant_method(plan, problem_)),
+      dispatcher_(std::move(global_to_local), problem_.max_rows()),
+      runner_(plan, problem_),
       scratch_(Buffer::allocate(plan.options.device, runner_.scratch_bytes())) {}
 
 void ExpertsLayer::load(int slot, const MatrixSource& gate, const MatrixSource& up,

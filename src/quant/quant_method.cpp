@@ -74,41 +74,70 @@ Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string
                                     weight_format_name(format)));
 }
 
-QuantMethod::QuantMethod(const QuantParams& params) : params_(params) {}
+QuantMethod::QuantMethod(const QuantParams& params, WeightLayout layout)
+    : params_(params), layout_(layout) {}
 
-void QuantMethod::create_weights(int slots, int64_t hidden, int64_t intermediate) {
-  tensors_.clear();
-  for (const TensorSpec& spec : weight_tensors(params_, slots, hidden, intermediate)) {
-    tensors_.push_back(Tensor::empty(spec.dtype, spec.shape));
+QuantMethod::Canonical QuantMethod::create_canonical(int slots) const {
+  Canonical c;
+  for (const TensorSpec& spec : weight_tensors(params_, slots, hidden_, intermediate_)) {
+    c.tensors.push_back(Tensor::empty(spec.dtype, spec.shape));
   }
   // weight_tensors() lists each stack as weight, then scale and zero where the format has them.
   const int per_stack = 1 + (params_.quantized() ? 1 : 0) + (params_.zero_points ? 1 : 0);
   const auto stack = [&](int first, int parts) {
     StoredMatrices m;
-    m.weight = tensors_[first].view();
-    if (params_.quantized()) m.scale = tensors_[first + 1].view();
-    if (params_.zero_points) m.zero = tensors_[first + 2].view();
+    m.weight = c.tensors[first].view();
+    if (params_.quantized()) m.scale = c.tensors[first + 1].view();
+    if (params_.zero_points) m.zero = c.tensors[first + 2].view();
     m.parts = parts;
     return m;
   };
-  weights_.w13 = stack(0, 2);
-  weights_.w2 = stack(per_stack, 1);
+  c.w13 = stack(0, 2);
+  c.w2 = stack(per_stack, 1);
+  return c;
+}
+
+void QuantMethod::create_weights(int slots, int64_t hidden, int64_t intermediate) {
+  hidden_ = hidden;
+  intermediate_ = intermediate;
+  weights_ = CoreWeights{};
   weights_.quant = params_;
+  if (layout_ == WeightLayout::canonical) {
+    canonical_ = create_canonical(slots);
+    weights_.w13 = canonical_.w13;
+    weights_.w2 = canonical_.w2;
+    return;
+  }
+  w13_panels_ = cpu::PanelBuffer(params_, cpu::PanelOrder::gate_up_interleaved, slots,
+                                 2 * intermediate, hidden);
+  w2_panels_ = cpu::PanelBuffer(params_, cpu::PanelOrder::rows, slots, hidden, intermediate);
+  weights_.w13_panels = w13_panels_.stack();
+  weights_.w2_panels = w2_panels_.stack();
 }
 
 void QuantMethod::load_expert(int slot, const MatrixSource& gate, const MatrixSource& up,
                               const MatrixSource& down) {
+  // Packed layouts load into a one-expert canonical copy first and pack that.
+  const bool packed = layout_ == WeightLayout::panel16;
+  Canonical one = packed ? create_canonical(1) : Canonical{};
+  const StoredMatrices& w13 = packed ? one.w13 : weights_.w13;
+  const StoredMatrices& w2 = packed ? one.w2 : weights_.w2;
+  const int into = packed ? 0 : slot;
   const auto load = [&](const MatrixSource& src, const StoredMatrices& dst, int part,
                         const char* name) {
     if (is_float_weight(src.weight.dtype)) {
-      quantize_into(params_, src.weight, dst, slot, part, fmt::format("slot {} {}", slot, name));
+      quantize_into(params_, src.weight, dst, into, part, fmt::format("slot {} {}", slot, name));
     } else {
-      copy_into(params_, src, dst, slot, part);
+      copy_into(params_, src, dst, into, part);
     }
   };
-  load(gate, weights_.w13, 0, "gate");
-  load(up, weights_.w13, 1, "up");
-  load(down, weights_.w2, 0, "down");
+  load(gate, w13, 0, "gate");
+  load(up, w13, 1, "up");
+  load(down, w2, 0, "down");
+  if (packed) {
+    w13_panels_.pack(params_, w13, 0, slot);
+    w2_panels_.pack(params_, w2, 0, slot);
+  }
 }
 
 void QuantMethod::set_input_scales(float w13, float w2) {

@@ -51,13 +51,19 @@ struct TensorSpec {
 std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int64_t hidden,
                                        int64_t intermediate);
 
+// How a quant method stores the weights: as the format defines them (every core reads this),
+// or packed in panel16 for the cpu runner's AVX2 kernels (runner/cpu/panels.hpp).
+enum class WeightLayout { canonical, panel16 };
+
 class QuantMethod {
  public:
-  explicit QuantMethod(const QuantParams& params);
+  explicit QuantMethod(const QuantParams& params, WeightLayout layout = WeightLayout::canonical);
 
   const QuantParams& params() const { return params_; }
+  WeightLayout layout() const { return layout_; }
   void create_weights(int slots, int64_t hidden, int64_t intermediate);
-  // gate, up: [I, H]; down: [H, I].
+  // gate, up: [I, H]; down: [H, I]. Packed layouts go through one expert in the canonical
+  // layout, so quantising and copying are the same code for every layout.
   void load_expert(int slot, const MatrixSource& gate, const MatrixSource& up,
                    const MatrixSource& down);
   // fp8_static: the scales of the two GEMM inputs, one for all experts.
@@ -65,8 +71,21 @@ class QuantMethod {
   CoreWeights apply() const;
 
  private:
+  // The canonical tensors of `slots` slots, as weight_tensors() lists them, with the views.
+  struct Canonical {
+    std::vector<Tensor> tensors;
+    StoredMatrices w13;
+    StoredMatrices w2;
+  };
+  Canonical create_canonical(int slots) const;
+
   QuantParams params_;
-  std::vector<Tensor> tensors_;  // as weight_tensors() lists them
+  WeightLayout layout_;
+  int64_t hidden_ = 0;
+  int64_t intermediate_ = 0;
+  Canonical canonical_;  // the weights, or empty when packed
+  cpu::PanelBuffer w13_panels_;
+  cpu::PanelBuffer w2_panels_;
   CoreWeights weights_;
 };
 

@@ -35,6 +35,17 @@ const std::vector<PostPermuteEntry>& post_permute_table() {
   return table;
 }
 
+CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
+  // Every CPU with AVX2 also has F16C, which the f16 kernels use; Platform does not probe it.
+  if (platform.avx2 && platform.fma) {
+    return {CpuKernels::avx2_panels, "avx2 panel16",
+            "AVX2+FMA: weights packed in panels of 16 rows at load, streamed for few rows, "
+            "blocked GEMM for many"};
+  }
+  return {CpuKernels::portable, "portable",
+          "no AVX2+FMA on this platform: canonical weights widened a row at a time"};
+}
+
 const CoreEntry* find_core(RunnerKind kind) {
   for (const CoreEntry& entry : core_table()) {
     if (entry.kind == kind) return &entry;

@@ -72,6 +72,15 @@ const std::vector<FusedOpEntry>& fused_op_table();
 const std::vector<PrePermuteEntry>& pre_permute_table();
 const std::vector<PostPermuteEntry>& post_permute_table();
 
+// The kernels of the cpu runner on a platform, with the reason: resolve() records the choice
+// and the experts layer builds the cpu core or fused op and the weight layout from it.
+struct CpuKernelChoice {
+  CpuKernels kernels;
+  std::string_view name;
+  std::string reason;
+};
+CpuKernelChoice choose_cpu_kernels(const Platform& platform);
+
 const CoreEntry* find_core(RunnerKind kind);
 const FusedOpEntry* find_fused_op(A2AKind a2a, RunnerKind runner);
 const PrePermuteEntry* find_pre_permute(DispatchFormat from, RunnerFormat to);

@@ -9,10 +9,16 @@
 #include "moekit/quant.hpp"
 #include "moekit/spec.hpp"
 #include "moekit/tensor.hpp"
+#include "runner/cpu/panels.hpp"
 
 namespace moekit {
 
 class ThreadPool;
+
+// The kernels of the cpu runner (its core and fused op), from the plan's platform: the portable
+// row-at-a-time code on the canonical weight layout, or the AVX2+FMA kernels, which read the
+// weights packed in panel16 (runner/cpu/panels.hpp) instead.
+enum class CpuKernels { portable, avx2_panels };
 
 // The shape of one experts computation, fixed when the layer is built.
 struct ExpertsProblem {
@@ -23,6 +29,8 @@ struct ExpertsProblem {
   int columns = 0;         // routed entries per token (top-k, plus fused shared slots)
   int64_t max_tokens = 0;  // largest batch
   int threads = 1;
+  CpuKernels kernels = CpuKernels::portable;
+  QuantParams quant{};  // the weight format, for the scratch its kernels need
 
   int64_t max_rows() const { return max_tokens * columns; }
 };
@@ -36,10 +44,14 @@ struct StoredMatrices {
   int parts = 1;      // separately scaled matrices stacked along the rows (w13: gate, up)
 };
 
-// What the quant method hands a core: the weight tensors and how to read them.
+// What the quant method hands a core: the weight tensors and how to read them. The weights are
+// either canonical (w13, w2) or packed in panel16 (w13_panels gate/up interleaved, w2_panels),
+// never both: the layout the runner's kernels read.
 struct CoreWeights {
   StoredMatrices w13;  // [slots, 2I, H], gate rows then up rows
   StoredMatrices w2;   // [slots, H, I]
+  cpu::PanelStack w13_panels;
+  cpu::PanelStack w2_panels;
   QuantParams quant;
   float w13_input_scale = 0.0f;  // fp8_static: the scale of GEMM1's input
   float w2_input_scale = 0.0f;   // fp8_static: the scale of GEMM2's input

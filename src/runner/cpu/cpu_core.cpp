@@ -1,14 +1,16 @@
 // The cpu core: rows grouped by expert (contiguous format), so each expert's weights are read
-// once per batch, widened to f32 a row at a time, and applied to all of that expert's rows.
-// Work is split over (expert, block of output rows) across the pool. Quantised weights are
-// dequantised a row at a time; GEMM inputs are quantised in place where the format says so.
-// Correct and parallel; the SIMD-tuned kernels are a later issue.
+// once per batch and applied to all of that expert's rows. With AVX2+FMA (the plan's kernels
+// choice) the weights are panel16 and the rows go through PanelMoe, which writes each row's
+// output with weight 1. Otherwise, the portable path: work is split over (expert, block of
+// output rows) across the pool, weights are widened to f32 a row at a time; GEMM inputs are
+// quantised in place where the format says so.
 
 #include <algorithm>
 
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
+#include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
 #include "runner/scratch.hpp"
@@ -119,6 +121,45 @@ class CpuCore final : public RunnerCore {
   int64_t worker_bytes_ = 0;
 };
 
+class PanelCore final : public RunnerCore {
+ public:
+  explicit PanelCore(const ExpertsProblem& problem) : p_(problem), moe_(problem) {
+    ScratchCarver carver;
+    carve(carver);
+    own_bytes_ = carver.bytes();
+  }
+
+  RunnerFormat format() const override { return RunnerFormat::contiguous; }
+  int64_t scratch_bytes() const override { return own_bytes_ + moe_.scratch_bytes(); }
+
+  void run(RunnerBatch& batch, const CoreWeights& weights, void* scratch,
+           ThreadPool& pool) const override {
+    const ContiguousRows& rows = batch.contiguous;
+    ScratchCarver carver(scratch);
+    const Own own = carve(carver);
+    for (int64_t r = 0; r < rows.n_rows; ++r) {
+      own.out_row[r] = static_cast<int32_t>(r);
+      own.weight[r] = 1.0f;
+    }
+    const cpu::GroupedRows grouped{rows.rows,  rows.n_rows,  rows.offsets, own.out_row,
+                                   own.weight, rows.row_out, rows.n_rows};
+    moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
+  }
+
+ private:
+  struct Own {
+    int32_t* out_row;  // row r's output is row r
+    float* weight;     // of weight 1: the post-permute weights the sum
+  };
+  Own carve(ScratchCarver& carver) const {
+    return {carver.take<int32_t>(p_.max_rows()), carver.take<float>(p_.max_rows())};
+  }
+
+  ExpertsProblem p_;
+  cpu::PanelMoe moe_;
+  int64_t own_bytes_ = 0;
+};
+
 }  // namespace
 
 Capability cpu_supports(const Deployment& deployment) {
@@ -129,6 +170,7 @@ Capability cpu_supports(const Deployment& deployment) {
 }
 
 std::unique_ptr<RunnerCore> make_cpu_core(const ExpertsProblem& problem) {
+  if (problem.kernels == CpuKernels::avx2_panels) return std::make_unique<PanelCore>(problem);
   return std::make_unique<CpuCore>(problem);
 }
 

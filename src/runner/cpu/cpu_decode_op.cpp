@@ -1,6 +1,10 @@
-// The fused op for (a2a none, cpu) on decode batches: each (token, expert) pair computes its
-// MLP straight from the token's hidden row and scales it by the routing weight; a second pass
-// adds each token's pairs. No gather into expert order, no row index.
+// The fused op for (a2a none, cpu): dispatch format in, weighted sum in token order out.
+// With AVX2+FMA (the plan's kernels choice) it serves every batch size: it groups the entries
+// by slot itself (a list of rows, nothing sorted) and PanelMoe adds each expert's weighted
+// output straight into the token rows, so there is no permute and no pass for the sum.
+// Portable, it serves decode batches only: each (token, expert) pair computes its MLP straight
+// from the token's hidden row and scales it by the routing weight; a second pass adds each
+// token's pairs. No gather into expert order, no row index.
 
 #include <algorithm>
 
@@ -9,6 +13,7 @@
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
+#include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
 #include "runner/scratch.hpp"
@@ -84,6 +89,68 @@ class CpuDecodeOp final : public FusedOp {
   int64_t pairs_bytes_ = 0;
 };
 
+class PanelFusedOp final : public FusedOp {
+ public:
+  explicit PanelFusedOp(const ExpertsProblem& problem) : p_(problem), moe_(problem) {
+    ScratchCarver carver;
+    carve(carver);
+    own_bytes_ = carver.bytes();
+  }
+
+  int64_t scratch_bytes() const override { return own_bytes_ + moe_.scratch_bytes(); }
+
+  void run(const DispatchOutput& input, const CoreWeights& weights, float* combined, void* scratch,
+           ThreadPool& pool) const override {
+    const int64_t H = p_.hidden;
+    ScratchCarver carver(scratch);
+    const Own own = carve(carver);
+    // Entries grouped by slot, in token order within a slot.
+    const int64_t entries = input.tokens * input.columns;
+    std::fill(own.offsets, own.offsets + p_.slots + 1, int64_t{0});
+    for (int64_t e = 0; e < entries; ++e) {
+      if (input.slots[e] >= 0) ++own.offsets[input.slots[e] + 1];
+    }
+    for (int s = 0; s < p_.slots; ++s) {
+      own.offsets[s + 1] += own.offsets[s];
+      own.next[s] = own.offsets[s];
+    }
+    const int64_t n_rows = own.offsets[p_.slots];
+    for (int64_t e = 0; e < entries; ++e) {
+      if (input.slots[e] < 0) continue;
+      const int64_t r = own.next[input.slots[e]]++;
+      own.out_row[r] = static_cast<int32_t>(e / input.columns);
+      own.weight[r] = input.weights[e];
+    }
+    cpu::for_rows(pool, n_rows, n_rows * H, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        kernels::activation_row(input.hidden, own.out_row[r], own.x + r * H);
+      }
+    });
+    const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets, own.out_row,
+                                   own.weight, combined, input.tokens};
+    moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
+  }
+
+ private:
+  struct Own {
+    int64_t* offsets;  // [slots + 1]
+    int64_t* next;     // [slots]: where the slot's next row goes
+    int32_t* out_row;  // [max_rows]: the token of each grouped row
+    float* weight;     // [max_rows]
+    float* x;          // [max_rows, H]
+  };
+  Own carve(ScratchCarver& carver) const {
+    const int64_t rows = p_.max_rows();
+    return {carver.take<int64_t>(p_.slots + 1), carver.take<int64_t>(p_.slots),
+            carver.take<int32_t>(rows), carver.take<float>(rows),
+            carver.take<float>(rows * p_.hidden)};
+  }
+
+  ExpertsProblem p_;
+  cpu::PanelMoe moe_;
+  int64_t own_bytes_ = 0;
+};
+
 }  // namespace
 
 // Grouping rows by expert pays when tokens share experts. At or below this many tokens per
@@ -94,6 +161,11 @@ constexpr int64_t kDecodeMaxTokens = 4;
 Capability cpu_decode_supports(const Deployment& deployment) {
   if (deployment.options.device.kind != DeviceKind::cpu) {
     return Capability::No("computes on the CPU only");
+  }
+  if (choose_cpu_kernels(deployment.platform).kernels == CpuKernels::avx2_panels) {
+    return Capability::Yes(
+        "AVX2 panel16 kernels: entries grouped by expert in place, each expert's weighted "
+        "output added straight into the token rows, so no permutes at any batch size");
   }
   if (deployment.options.max_tokens > kDecodeMaxTokens) {
     return Capability::No(fmt::format(
@@ -106,6 +178,7 @@ Capability cpu_decode_supports(const Deployment& deployment) {
 }
 
 std::unique_ptr<FusedOp> make_cpu_decode_op(const ExpertsProblem& problem) {
+  if (problem.kernels == CpuKernels::avx2_panels) return std::make_unique<PanelFusedOp>(problem);
   return std::make_unique<CpuDecodeOp>(problem);
 }
 

@@ -22,14 +22,27 @@
 // 8 + zero point) and  w[n][k] = e4m3(n, k) * scale[g][n % 16]  for e4m3. Scales are widened to
 // f32 and expanded to one value per row when the panel is packed, so the kernels see one grid
 // for per-tensor, per-channel, 128x128-block and per-group scaling alike.
+//
+// w13 (gate rows then up rows in the canonical layout) is packed "gate/up interleaved": panel p
+// holds gate rows 8p..8p+7 as its rows 0-7 and the up rows of the same i as its rows 8-15, so a
+// kernel has gate and up of one intermediate index in the same lane of its two accumulators and
+// applies the activation straight from them. Such a matrix has n = 16 * ceil(I / 8) packed rows;
+// where I % 8 != 0 the last panel's missing rows are zero.
 
 #include <cstdint>
 
 #include "moekit/dtype.hpp"
+#include "moekit/quant.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+struct StoredMatrices;
+}
 
 namespace moekit::cpu {
 
 inline constexpr int kPanelRows = 16;
+inline constexpr int kHalfPanel = kPanelRows / 2;
 
 // One packed matrix [N, K] of one expert.
 struct PanelMatrix {
@@ -49,5 +62,54 @@ struct PanelMatrix {
   const float* panel_scale(int64_t p) const { return scale + p * scale_steps() * kPanelRows; }
   const float* panel_offset(int64_t p) const { return offset + p * scale_steps() * kPanelRows; }
 };
+
+// How the rows of a canonical matrix map to packed rows.
+enum class PanelOrder {
+  rows,                 // packed row n is canonical row n
+  gate_up_interleaved,  // canonical rows are gate [0, N/2) then up [N/2, N); see above
+};
+
+// The same-shaped packed matrices of every slot, one after another: w13 or w2 of a layer.
+struct PanelStack {
+  PanelMatrix first;  // slot 0
+  int slots = 0;
+
+  bool empty() const { return slots == 0; }
+  int64_t data_bytes() const { return first.panels() * first.panel_bytes(); }
+  int64_t scale_floats() const { return first.panels() * first.scale_steps() * kPanelRows; }
+  PanelMatrix slot(int64_t s) const {
+    PanelMatrix m = first;
+    m.data = first.data + s * data_bytes();
+    if (m.scale != nullptr) m.scale = first.scale + s * scale_floats();
+    if (m.offset != nullptr) m.offset = first.offset + s * scale_floats();
+    return m;
+  }
+};
+
+// Owns the storage of a PanelStack: the packed weights of `slots` matrices of `rows` canonical
+// rows (gate and up together for interleaved w13) and k columns, in the format of q.
+class PanelBuffer {
+ public:
+  PanelBuffer() = default;
+  PanelBuffer(const QuantParams& q, PanelOrder order, int slots, int64_t rows, int64_t k);
+
+  const PanelStack& stack() const { return stack_; }
+  PanelOrder order() const { return order_; }
+  // Packs slot `slot` of the canonical matrices m (the quant method's layout, see
+  // quant/dequantize.hpp) into slot `into` of this buffer.
+  void pack(const QuantParams& q, const StoredMatrices& m, int64_t slot, int into);
+
+ private:
+  PanelStack stack_;
+  PanelOrder order_ = PanelOrder::rows;
+  Buffer data_;
+  Buffer scales_;  // scale then offset arrays
+};
+
+// The canonical row that packed row n holds, or -1 for a zero row past the matrix.
+int64_t canonical_row(PanelOrder order, int64_t canonical_rows, int64_t n);
+
+// w(n, k) as the packed matrix defines it (the formula above), for checks and tests.
+float panel_value(const PanelMatrix& w, int64_t n, int64_t k);
 
 }  // namespace moekit::cpu

@@ -1,0 +1,53 @@
+#pragma once
+// The machine's own ceilings, measured in the run that reports ratios to them: read bandwidth
+// (a large f32 array summed by every thread) and the fp32 FMA peak (independent FMA chains that
+// never touch memory). The peak is measured with AVX2+FMA, the ISA the CPU kernels use, even on
+// machines with wider vectors.
+
+#include <cstdint>
+#include <string_view>
+
+namespace moekit::bench {
+
+enum class SimdIsa { avx2_fma, portable };
+std::string_view simd_isa_name(SimdIsa isa);  // "avx2+fma", "portable"
+// avx2_fma when the CPU running this has AVX2 and FMA.
+SimdIsa best_simd_isa();
+
+// How much work one measurement does.
+struct CeilingSizes {
+  int64_t read_bytes = 0;      // the array summed; far larger than the last-level cache
+  int read_passes = 0;         // the median pass is reported
+  int64_t fma_iterations = 0;  // per thread and pass
+  int fma_passes = 0;
+
+  // 1 GiB read 7 times; FMA passes of about 40 ms at 3 GHz.
+  static CeilingSizes Full();
+  // A few milliseconds in all, for tests: the numbers mean little.
+  static CeilingSizes Tiny();
+};
+
+struct Ceilings {
+  int threads = 1;
+  SimdIsa isa = SimdIsa::portable;  // the ISA of both measurements
+  double read_bytes_per_s = 0.0;
+  double fma_flops_per_s = 0.0;
+  // CPU time this process got while measuring, over threads x wall time: well below 1 means
+  // other work shared the cores, and every figure of the run is low by about that much.
+  double cpu_share = 1.0;
+
+  static Ceilings Measure(int threads, const CeilingSizes& sizes);
+  // Figures measured elsewhere (tests, or a run being re-read).
+  static Ceilings Known(int threads, SimdIsa isa, double read_bytes_per_s, double fma_flops_per_s);
+};
+
+// Bytes per second of summing `bytes` of f32 with `threads` threads, the median of `passes`.
+double measure_read_bandwidth(int threads, int64_t bytes, int passes, SimdIsa isa);
+// fp32 FLOPs per second (an FMA is two) of `threads` threads, the median of `passes`.
+double measure_fma_peak(int threads, int64_t iterations, int passes, SimdIsa isa);
+
+// The sum of n floats, read once at full speed on one thread; the benchmark also uses it to
+// push a layer's weights out of the caches between repeats.
+float sum_floats(const float* data, int64_t n, SimdIsa isa);
+
+}  // namespace moekit::bench

@@ -1,0 +1,79 @@
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "bench/bench.hpp"
+
+namespace moekit::bench {
+
+std::string BenchReport::table() const {
+  std::string text = fmt::format(
+      "machine: {} threads, read bandwidth {:.1f} GB/s, fp32 FMA peak {:.1f} GFLOP/s ({})\n",
+      machine.threads, machine.read_bytes_per_s * 1e-9, machine.fma_flops_per_s * 1e-9,
+      simd_isa_name(machine.isa));
+  if (machine.cpu_share < kBusyShare) {
+    text += fmt::format(
+        "warning: this process had {:.0f}% of {} threads while measuring the ceilings: other "
+        "work shares the machine, so every figure below is low and unreliable\n",
+        100.0 * machine.cpu_share, machine.threads);
+  }
+  text += fmt::format(
+      "{:<18} {:<10} {:>5} {:<14} {:>9} {:>9} {:>9} {:>4} {:>11} {:>9} {:>7} "
+      "{:>7} {:>8} {:<7} {:>8} {}\n",
+      "case", "weights", "T", "path", "median ms", "min ms", "max ms", "n", "D (unif.)", "floor ms",
+      "floor%", "GB/s", "GFLOP/s", "bound", "error", "check");
+  for (const CaseResult& r : results) {
+    text += fmt::format(
+        "{:<18} {:<10} {:>5} {:<14} {:>9.3f} {:>9.3f} {:>9.3f} {:>4} {:>4} ({:>5.1f}) {:>9.3f} "
+        "{:>6.1f}% {:>7.1f} {:>8.1f} {:<7} {:>8.1e} {}\n",
+        r.case_name, weight_format_name(r.format.format), r.tokens, r.path, r.timing.median_s * 1e3,
+        r.timing.min_s * 1e3, r.timing.max_s * 1e3, r.timing.repeats, r.distinct_experts,
+        r.expected_distinct_experts, r.roofline.floor_s * 1e3, 100.0 * r.floor_ratio(),
+        r.bytes_per_s() * 1e-9, r.flops_per_s() * 1e-9, bound_name(r.roofline.bound), r.error,
+        r.ok ? "ok" : "FAILED");
+  }
+  for (const Refusal& r : refusals) {
+    text += fmt::format("{:<18} {:<10} {}\n", r.case_name, r.format, r.message);
+  }
+  return text;
+}
+
+std::string BenchReport::json() const {
+  using Json = nlohmann::ordered_json;
+  Json out;
+  out["machine"] = {{"threads", machine.threads},
+                    {"isa", simd_isa_name(machine.isa)},
+                    {"read_bandwidth_gbs", machine.read_bytes_per_s * 1e-9},
+                    {"fma_peak_gflops", machine.fma_flops_per_s * 1e-9}};
+  Json list = Json::array();
+  for (const CaseResult& r : results) {
+    list.push_back({{"case", r.case_name},
+                    {"experts", r.spec.n_experts},
+                    {"top_k", r.spec.routing.top_k},
+                    {"hidden", r.spec.hidden},
+                    {"intermediate", r.spec.intermediate},
+                    {"weights", weight_format_name(r.format.format)},
+                    {"tokens", r.tokens},
+                    {"runner", r.runner},
+                    {"routing", routing_name(r.routing)},
+                    {"median_ms", r.timing.median_s * 1e3},
+                    {"min_ms", r.timing.min_s * 1e3},
+                    {"max_ms", r.timing.max_s * 1e3},
+                    {"repeats", r.timing.repeats},
+                    {"distinct_experts", r.distinct_experts},
+                    {"expected_distinct_experts", r.expected_distinct_experts},
+                    {"bytes", r.roofline.bytes},
+                    {"flops", static_cast<int64_t>(r.roofline.flops)},
+                    {"floor_ms", r.roofline.floor_s * 1e3},
+                    {"floor_ratio", r.floor_ratio()},
+                    {"gbs", r.bytes_per_s() * 1e-9},
+                    {"gflops", r.flops_per_s() * 1e-9},
+                    {"bound", bound_name(r.roofline.bound)},
+                    {"error", r.error},
+                    {"ok", r.ok}});
+  }
+  out["results"] = std::move(list);
+  return out.dump(1) + "\n";
+}
+
+}  // namespace moekit::bench

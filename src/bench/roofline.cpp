@@ -1,0 +1,70 @@
+#include "bench/roofline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "moekit/error.hpp"
+
+namespace moekit::bench {
+namespace {
+
+// One [rows, cols] matrix of `parts` parts, each with its own scale grid.
+int64_t matrix_bytes(const QuantParams& format, int64_t rows, int64_t cols, int parts) {
+  int64_t bytes = dtype_storage_bytes(format.weight_dtype, rows * cols);
+  if (format.quantized()) {
+    const int64_t scales = parts * format.scale_rows(rows / parts) * format.scale_cols(cols);
+    bytes += dtype_storage_bytes(format.scale_dtype, scales);
+    if (format.zero_points) bytes += dtype_storage_bytes(DType::i8, scales);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string_view bound_name(Bound bound) {
+  return bound == Bound::memory ? "memory" : "compute";
+}
+
+int64_t expert_bytes(const QuantParams& format, int64_t hidden, int64_t intermediate) {
+  return matrix_bytes(format, 2 * intermediate, hidden, 2) +
+         matrix_bytes(format, hidden, intermediate, 1);
+}
+
+double expected_distinct_experts(int experts, int top_k, int64_t tokens) {
+  const double miss = 1.0 - static_cast<double>(top_k) / experts;
+  return experts * (1.0 - std::pow(miss, static_cast<double>(tokens)));
+}
+
+int count_distinct_experts(std::span<const int32_t> ids, int experts) {
+  std::vector<bool> seen(static_cast<size_t>(experts), false);
+  int distinct = 0;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= experts) {
+      fail(Errc::internal, "routed expert id {} is outside [0, {})", id, experts);
+    }
+    if (!seen[id]) {
+      seen[id] = true;
+      ++distinct;
+    }
+  }
+  return distinct;
+}
+
+Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t tokens,
+                      int distinct, DType activations, const Ceilings& ceilings) {
+  const int64_t H = spec.hidden, I = spec.intermediate;
+  Roofline r;
+  r.bytes = distinct * expert_bytes(format, H, I) +
+            2 * dtype_storage_bytes(activations, tokens * H) +
+            dtype_storage_bytes(DType::f32, tokens * spec.n_experts);
+  r.flops = 6.0 * static_cast<double>(tokens) * spec.routing.top_k * static_cast<double>(H) *
+            static_cast<double>(I);
+  const double memory_s = static_cast<double>(r.bytes) / ceilings.read_bytes_per_s;
+  const double compute_s = r.flops / ceilings.fma_flops_per_s;
+  r.bound = compute_s > memory_s ? Bound::compute : Bound::memory;
+  r.floor_s = std::max(memory_s, compute_s);
+  return r;
+}
+
+}  // namespace moekit::bench

@@ -1,0 +1,251 @@
+#include "runner/cpu/panel_moe.hpp"
+
+#include <algorithm>
+
+#include "moekit/error.hpp"
+#include "quant/activation_quant.hpp"
+#include "runner/cpu/gemm.hpp"
+#include "runner/cpu/stream.hpp"
+#include "runner/kernels.hpp"
+
+namespace moekit::cpu {
+namespace {
+
+// Panels per streaming call: the results stay in L1 while the activation or the weighted sum
+// reads them, and the chunk's bf16 panels (4 x 16 x 2048 x 2 bytes) stay in L2 while the next
+// rows of the same expert pass over them.
+constexpr int64_t kStreamChunk = 4;
+// Panels per GEMM call: each call packs its rows of A once, so wider calls share that more;
+// the part of the result tile it writes (kGemmRows x 128 floats at most) still sits in L2 for
+// the activation.
+constexpr int64_t kGemmChunk = 8;
+constexpr int64_t kChunkColumns = kStreamChunk * kPanelRows;
+// Rows per GEMM call, so the result tile is bounded whatever an expert receives.
+constexpr int64_t kGemmRows = 256;
+// Below this many elements a pass over rows runs in the calling thread.
+constexpr int64_t kSerialElements = int64_t{1} << 16;
+
+// int4 panels: the scale steps along a K of k, for the inputs' step sums; 0 for other formats.
+int64_t int4_steps(const QuantParams& q, int64_t k) {
+  if (q.weight_dtype != DType::i4) return 0;
+  const int64_t group = q.block_cols == 0 ? k : q.block_cols;
+  return (k + group - 1) / group;
+}
+
+}  // namespace
+
+void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
+              const std::function<void(int64_t, int64_t)>& body) {
+  if (elements < kSerialElements) {
+    body(0, n);
+  } else {
+    pool.parallel_for(n, body);
+  }
+}
+
+struct PanelMoe::Shared {
+  float* act;       // [max_rows, I]: GEMM2's inputs
+  float* x_sums;    // int4: [max_rows, hidden_steps_]
+  float* act_sums;  // int4: [max_rows, intermediate_steps_]
+};
+
+struct PanelMoe::Worker {
+  // One kernel call's results: the streaming kernel's [kStreamRows, kChunkColumns], or the
+  // GEMM's [kGemmRows, tile_columns()], which it fills at the columns of the panels it computes.
+  float* y;
+  float* work;  // the GEMM's scratch
+};
+
+PanelMoe::PanelMoe(const ExpertsProblem& problem)
+    : problem_(problem),
+      hidden_steps_(int4_steps(problem.quant, problem.hidden)),
+      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)) {
+  ScratchCarver shared;
+  carve_shared(shared);
+  shared_bytes_ = shared.bytes();
+  ScratchCarver worker;
+  carve_worker(worker);
+  worker_bytes_ = worker.bytes();
+}
+
+PanelMoe::Shared PanelMoe::carve_shared(ScratchCarver& carver) const {
+  const int64_t rows = problem_.max_rows();
+  return {carver.take<float>(rows * problem_.intermediate),
+          carver.take<float>(rows * hidden_steps_), carver.take<float>(rows * intermediate_steps_)};
+}
+
+int64_t PanelMoe::tile_columns() const {
+  const int64_t gate_up = (problem_.intermediate + kHalfPanel - 1) / kHalfPanel * kPanelRows;
+  const int64_t down = (problem_.hidden + kPanelRows - 1) / kPanelRows * kPanelRows;
+  return std::max({gate_up, down, kChunkColumns});
+}
+
+PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
+  return {
+      carver.take<float>(std::max<int64_t>(kStreamRows, std::min(kGemmRows, problem_.max_rows())) *
+                         tile_columns()),
+      carver.take<float>(gemm_scratch_floats(std::max(problem_.hidden, problem_.intermediate)))};
+}
+
+// One stage of one call, everything its loops need behind one pointer, so that the pool's
+// std::function holds it without allocating.
+struct PanelMoe::Stage {
+  const PanelMoe* moe;
+  const GroupedRows& rows;
+  const CoreWeights& weights;
+  const Shared& shared;
+  void* workers;
+  int parts;
+  bool down;  // GEMM2 (inputs: the activations), else GEMM1 (inputs: rows.x)
+};
+
+void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
+                   ThreadPool& pool) const {
+  ScratchCarver carver(scratch);
+  const Shared shared = carve_shared(carver);
+  void* workers = static_cast<char*>(scratch) + shared_bytes_;
+  // Each part (a share of the panels) runs on its own worker with that worker's scratch.
+  const int parts = std::min(pool.size(), problem_.threads);
+  const bool prepares =
+      weights.quant.quantizes_activations() || weights.quant.weight_dtype == DType::i4;
+  for (const bool down : {false, true}) {
+    const Stage stage{this, rows, weights, shared, workers, parts, down};
+    if (prepares) {
+      const int64_t width = down ? problem_.intermediate : problem_.hidden;
+      for_rows(pool, rows.n_rows, rows.n_rows * width, [&stage](int64_t begin, int64_t end) {
+        stage.moe->prepare_inputs(stage, begin, end);
+      });
+    }
+    pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
+      stage.moe->run_parts(stage, begin, end, worker);
+    });
+  }
+}
+
+void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) const {
+  const QuantParams& q = stage.weights.quant;
+  const int64_t width = stage.down ? problem_.intermediate : problem_.hidden;
+  float* x = stage.down ? stage.shared.act : stage.rows.x;
+  float* sums = stage.down ? stage.shared.act_sums : stage.shared.x_sums;
+  const int64_t steps = stage.down ? intermediate_steps_ : hidden_steps_;
+  const float static_scale =
+      stage.down ? stage.weights.w2_input_scale : stage.weights.w13_input_scale;
+  const cpu::PanelStack& panels = stage.down ? stage.weights.w2_panels : stage.weights.w13_panels;
+  for (int64_t r = begin; r < end; ++r) {
+    float* row = x + r * width;
+    quantize_activation_row(q, static_scale, row, width, row);
+    if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
+  }
+}
+
+void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int worker) const {
+  ScratchCarver carver(worker_scratch(stage.workers, worker_bytes_, worker));
+  const Worker w = carve_worker(carver);
+  for (int64_t part = begin; part < end; ++part) {
+    if (stage.down) {
+      down(stage.rows, stage.weights, stage.shared, w, static_cast<int>(part), stage.parts);
+    } else {
+      gate_up(stage.rows, stage.weights, stage.shared, w, static_cast<int>(part), stage.parts);
+    }
+  }
+}
+
+namespace {
+
+// Calls done(first row, rows, first panel, end panel, y, ldy) after each kernel call that
+// computed rows [r0, r1) of inputs x (row stride ldx) times panels [p0, p1) of m: the result of
+// row r and column 16 * first panel + c is at y[(r - first row) * ldy + c].
+template <typename Done>
+void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const float* x, int64_t ldx,
+              const float* sums, int64_t steps, int64_t r0, int64_t r1, float* y,
+              int64_t tile_columns, float* work, Done done) {
+  const bool gemm = use_gemm(r1 - r0);
+  const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
+  for (int64_t pc = p0; pc < p1; pc += chunk) {
+    const int64_t pe = std::min(p1, pc + chunk);
+    if (gemm) {
+      for (int64_t rc = r0; rc < r1; rc += kGemmRows) {
+        const int64_t mr = std::min(kGemmRows, r1 - rc);
+        gemm_panels(x + rc * ldx, ldx, mr, m, pc, pe, y, tile_columns, work);
+        done(rc, mr, pc, pe, y + pc * kPanelRows, tile_columns);
+      }
+    } else {
+      for (int64_t rc = r0; rc < r1; rc += kStreamRows) {
+        StreamRows in;
+        in.m = static_cast<int>(std::min<int64_t>(kStreamRows, r1 - rc));
+        for (int i = 0; i < in.m; ++i) {
+          in.x[i] = x + (rc + i) * ldx;
+          if (steps > 0) in.x_sums[i] = sums + (rc + i) * steps;
+        }
+        stream_panels(m, pc, pe, in, y, kChunkColumns);
+        done(rc, in.m, pc, pe, y, kChunkColumns);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
+                       const Worker& w, int part, int parts) const {
+  const int64_t H = problem_.hidden;
+  const int64_t I = problem_.intermediate;
+  const int64_t panels = weights.w13_panels.first.panels();
+  const int64_t p0 = panels * part / parts;
+  const int64_t p1 = panels * (part + 1) / parts;
+  for (int slot = 0; slot < problem_.slots; ++slot) {
+    const int64_t r0 = rows.offsets[slot];
+    const int64_t r1 = rows.offsets[slot + 1];
+    if (r0 == r1) continue;
+    multiply(weights.w13_panels.slot(slot), p0, p1, rows.x, H, s.x_sums, hidden_steps_, r0, r1, w.y,
+             tile_columns(), w.work,
+             [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
+               // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+               for (int64_t r = 0; r < mr; ++r) {
+                 float* act = s.act + (rc + r) * I;
+                 const float* y = tile + r * ldy;
+                 for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
+                   const int64_t i0 = p * kHalfPanel;
+                   const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
+                   for (int64_t j = 0; j < n; ++j) {
+                     act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
+                   }
+                 }
+               }
+             });
+  }
+}
+
+void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
+                    const Worker& w, int part, int parts) const {
+  const int64_t H = problem_.hidden;
+  const int64_t I = problem_.intermediate;
+  const int64_t panels = weights.w2_panels.first.panels();
+  const int64_t p0 = panels * part / parts;
+  const int64_t p1 = panels * (part + 1) / parts;
+  const int64_t c0 = p0 * kPanelRows;
+  const int64_t c1 = std::min(H, p1 * kPanelRows);
+  if (c0 >= c1) return;
+  for (int64_t o = 0; o < rows.out_rows; ++o) {
+    std::fill(rows.out + o * H + c0, rows.out + o * H + c1, 0.0f);
+  }
+  for (int slot = 0; slot < problem_.slots; ++slot) {
+    const int64_t r0 = rows.offsets[slot];
+    const int64_t r1 = rows.offsets[slot + 1];
+    if (r0 == r1) continue;
+    multiply(weights.w2_panels.slot(slot), p0, p1, s.act, I, s.act_sums, intermediate_steps_, r0,
+             r1, w.y, tile_columns(), w.work,
+             [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
+               const int64_t n0 = pc * kPanelRows;
+               const int64_t n = std::min(H, pe * kPanelRows) - n0;
+               for (int64_t r = 0; r < mr; ++r) {
+                 float* out = rows.out + rows.out_row[rc + r] * H + n0;
+                 const float weight = rows.weight[rc + r];
+                 const float* y = tile + r * ldy;
+                 for (int64_t j = 0; j < n; ++j) out[j] += weight * y[j];
+               }
+             });
+  }
+}
+
+}  // namespace moekit::cpu

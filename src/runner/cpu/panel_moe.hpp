@@ -1,0 +1,81 @@
+#pragma once
+// The AVX2 path of the cpu runner, shared by its core (contiguous rows in, unweighted rows out)
+// and its fused op (dispatch format in, weighted sum out): rows grouped by slot go through
+// GEMM1 + activation and GEMM2 + weighted sum over panel16 weights. Each slot's rows take the
+// streaming kernel or the GEMM (use_gemm, the one place that chooses).
+//
+// Work is split by panels, not by expert: in GEMM1 every thread takes the same share of every
+// active expert's w13 panels, in GEMM2 the same share of every expert's w2 panels, i.e. a
+// disjoint range of output columns of H. So every active expert's weights stream once, evenly
+// over the threads, and in GEMM2 each thread adds weight * result straight into its own
+// columns of the output rows, with no races and no pass of its own for the weighted sum.
+
+#include <cstdint>
+
+#include "core/thread_pool.hpp"
+#include "runner/runner_core.hpp"
+#include "runner/scratch.hpp"
+
+namespace moekit::cpu {
+
+// The streaming kernel serves up to kStreamRows rows per pass over a panel and re-reads the
+// panel from cache for more; the GEMM widens a block of panels once into scratch and runs
+// register tiles over all rows, which only pays once enough rows share the widened block.
+// An expert with more than this many rows takes the GEMM.
+inline constexpr int64_t kStreamMaxRows = 8;
+inline bool use_gemm(int64_t rows) {
+  return rows > kStreamMaxRows;
+}
+
+// One batch of rows grouped by slot. Row r belongs to the slot s with offsets[s] <= r <
+// offsets[s + 1]; its result is multiplied by weight[r] and added to row out_row[r] of `out`.
+struct GroupedRows {
+  float* x = nullptr;  // [n_rows, H], GEMM1's inputs; quantised in place where the format says
+  int64_t n_rows = 0;
+  const int64_t* offsets = nullptr;  // [slots + 1]
+  const int32_t* out_row = nullptr;  // [n_rows]
+  const float* weight = nullptr;     // [n_rows]
+  float* out = nullptr;              // [out_rows, H]: set to the sum, whatever it held
+  int64_t out_rows = 0;
+};
+
+class PanelMoe {
+ public:
+  explicit PanelMoe(const ExpertsProblem& problem);
+
+  int64_t scratch_bytes() const { return shared_bytes_ + worker_bytes_ * problem_.threads; }
+  void run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
+           ThreadPool& pool) const;
+
+ private:
+  struct Shared;
+  struct Worker;
+  struct Stage;
+  // The rows [begin, end) of a stage's inputs as the format's GEMM reads them: quantised to
+  // e4m3 where the format says, with their step sums for int4 panels.
+  void prepare_inputs(const Stage& stage, int64_t begin, int64_t end) const;
+  void run_parts(const Stage& stage, int64_t begin, int64_t end, int worker) const;
+  Shared carve_shared(ScratchCarver& carver) const;
+  Worker carve_worker(ScratchCarver& carver) const;
+  void gate_up(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
+               const Worker& w, int part, int parts) const;
+  void down(const GroupedRows& rows, const CoreWeights& weights, const Shared& s, const Worker& w,
+            int part, int parts) const;
+
+  // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
+  int64_t tile_columns() const;
+
+  ExpertsProblem problem_;
+  int64_t hidden_steps_ = 0;        // int4: scale steps along H (GEMM1's K)
+  int64_t intermediate_steps_ = 0;  // and along I (GEMM2's K)
+  int64_t shared_bytes_ = 0;
+  int64_t worker_bytes_ = 0;
+};
+
+// Runs body(begin, end, part) over [0, n) in the calling thread when the work is small
+// (`elements` of work in all), else over the pool: a pool's wake-up costs more than a few
+// thousand elements.
+void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
+              const std::function<void(int64_t, int64_t)>& body);
+
+}  // namespace moekit::cpu

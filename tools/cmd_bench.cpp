@@ -1,0 +1,213 @@
+// moekit bench: times whole MoE layers (routing to combined output) and reports them against
+// the read bandwidth and FMA peak measured in the same run, each layer checked against the
+// float64 reference runner. shared/BENCHMARKS.md defines the cases and the roofline.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "bench/bench.hpp"
+#include "commands.hpp"
+
+namespace moekit::cli {
+namespace {
+
+struct BenchFlags {
+  PlanFlags plan;
+  std::optional<std::string> case_name;
+  bool list = false;
+  std::optional<int> experts;
+  std::optional<int> top_k;
+  std::optional<int64_t> hidden;
+  std::optional<int64_t> intermediate;
+  std::optional<std::string> tokens;
+  std::string routing = "uniform";
+  bench::BenchSettings settings;
+  int64_t bandwidth_bytes = bench::CeilingSizes::Full().read_bytes;
+  std::string json_file;
+};
+
+std::string list_cases() {
+  std::string text = fmt::format("{:<18} {:<6} {:>4} {:>5} {:>6} {:>6}  {:<20} {}\n", "case",
+                                 "device", "E", "top-k", "H", "I", "weights", "T");
+  for (const DeviceKind device : {DeviceKind::cpu, DeviceKind::cuda}) {
+    for (const bench::BenchCase& c : bench::headline_cases(device)) {
+      std::string formats, tokens;
+      for (const QuantParams& f : c.formats) {
+        formats += (formats.empty() ? "" : ", ") + std::string(weight_format_name(f.format));
+      }
+      for (const int64_t t : c.tokens) tokens += (tokens.empty() ? "" : ", ") + std::to_string(t);
+      text +=
+          fmt::format("{:<18} {:<6} {:>4} {:>5} {:>6} {:>6}  {:<20} {}\n", c.name,
+                      device == DeviceKind::cpu ? "cpu" : "cuda", c.spec.n_experts,
+                      c.spec.routing.top_k, c.spec.hidden, c.spec.intermediate, formats, tokens);
+    }
+  }
+  return text;
+}
+
+// The table's cases for the device, one of them (--case), or one made from the size flags;
+// --weights and --tokens replace the cases' own lists.
+std::vector<bench::BenchCase> chosen_cases(const BenchFlags& f) {
+  const DeviceKind device = Device::parse(f.plan.device).kind;
+  const std::optional<QuantParams> requested = f.plan.requested_quant();
+  const int sizes_given = f.experts.has_value() + f.top_k.has_value() + f.hidden.has_value() +
+                          f.intermediate.has_value();
+  std::vector<bench::BenchCase> cases;
+  if (sizes_given > 0) {
+    if (sizes_given < 4) {
+      fail(Errc::invalid_argument,
+           "a custom case needs all of --experts, --top-k, --hidden and --intermediate");
+    }
+    if (f.case_name) {
+      fail(Errc::invalid_argument, "--case {} and a custom case's sizes exclude each other",
+           *f.case_name);
+    }
+    cases.push_back(
+        bench::BenchCase::Routed("custom", *f.experts, *f.top_k, *f.hidden, *f.intermediate,
+                                 {requested.value_or(WeightFormat::bf16)}, {1, 16, 512}, device));
+  } else if (f.case_name) {
+    cases.push_back(bench::find_case(*f.case_name, device));
+  } else {
+    cases = bench::headline_cases(device);
+  }
+  for (bench::BenchCase& c : cases) {
+    if (requested) c.formats = {*requested};
+    if (f.tokens) c.tokens = bench::parse_token_list(*f.tokens);
+  }
+  return cases;
+}
+
+bench::BenchLog console_log() {
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  return {[terminal](const std::string& line) {
+            if (terminal) std::fputs("\r\033[K", stderr);
+            std::printf("%s\n", line.c_str());
+            std::fflush(stdout);
+          },
+          [terminal](const std::string& line) {
+            std::fprintf(stderr, terminal ? "\r\033[K%s" : "%s\n", line.c_str());
+            std::fflush(stderr);
+          }};
+}
+
+int run_bench(const BenchFlags& f) {
+  if (f.list) {
+    std::printf("%s", list_cases().c_str());
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<bench::BenchCase> cases = chosen_cases(f);
+  bench::BenchSettings settings = f.settings;
+  settings.routing = PlanFlags::parse(bench::parse_routing(f.routing), "--routing", f.routing);
+  const Options options = f.plan.options();
+  const Platform platform = Platform::probe();
+  const int threads = options.threads > 0 ? options.threads : platform.cpu_threads;
+  const bench::BenchLog log = console_log();
+
+  bench::CeilingSizes sizes = bench::CeilingSizes::Full();
+  sizes.read_bytes = f.bandwidth_bytes;
+  // Opened first, so that a path that cannot be written fails before a long run.
+  std::ofstream json_out;
+  if (!f.json_file.empty()) {
+    json_out.open(f.json_file);
+    if (!json_out) fail(Errc::io, "--json {}: cannot open the file for writing", f.json_file);
+  }
+  const auto step = std::chrono::steady_clock::now();
+  bench::BenchReport report;
+  report.machine = bench::Ceilings::Measure(threads, sizes);
+  log.note(fmt::format(
+      "ceilings measured in {:.1f} s: read {:.1f} GB/s ({} MiB summed), fp32 FMA peak {:.1f} "
+      "GFLOP/s ({}), {} threads, which had {:.0f}% of their CPU time",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - step).count(),
+      report.machine.read_bytes_per_s * 1e-9, sizes.read_bytes >> 20,
+      report.machine.fma_flops_per_s * 1e-9, bench::simd_isa_name(report.machine.isa), threads,
+      100.0 * report.machine.cpu_share));
+  log.note(fmt::format(
+      "routing {}, fresh router logits for every repeat, caches flushed between "
+      "repeats; {} repeats after {} warm-up, fewer (at least {}) once a case and T "
+      "has spent {:.0f} s",
+      f.routing, settings.repeats, settings.warmup, bench::kMinRepeats, settings.budget_s));
+
+  for (const bench::BenchCase& c : cases) {
+    bench::run_case(c, options, platform, settings, log, report);
+  }
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log.note(fmt::format("done in {:.1f} s\n", total_s));
+  std::printf("%s", report.table().c_str());
+  if (json_out.is_open()) {
+    json_out << report.json();
+    json_out.close();
+    if (!json_out) fail(Errc::io, "--json {}: could not write the results", f.json_file);
+  }
+  if (!report.all_ok()) return kExitError;
+  return report.refusals.empty() ? 0 : kExitRefused;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "time whole MoE layers against this machine's measured read bandwidth and FMA peak, "
+      "checking each against the reference runner");
+  bench->add_option("--case", f->case_name, "one case of the table (see --list)");
+  bench->add_flag("--list", f->list, "print the cases and exit");
+  bench->add_option("--experts", f->experts, "custom case: routed experts")
+      ->check(CLI::Range(1, 1 << 16));
+  bench->add_option("--top-k", f->top_k, "custom case: experts per token")
+      ->check(CLI::Range(1, 1 << 16));
+  bench->add_option("--hidden", f->hidden, "custom case: hidden size")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  bench->add_option("--intermediate", f->intermediate, "custom case: expert intermediate size")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  bench->add_option("--tokens", f->tokens, "token counts, e.g. 1,16,512 (default: the case's)");
+  f->plan.weights_option =
+      bench->add_option("--weights", f->plan.weights,
+                        "f32, f16, bf16, fp8-tensor, fp8-block, int4-group (default: the case's)");
+  bench->add_option("--fp8-scaling", f->plan.fp8_scaling,
+                    "fp8-tensor: tensor (default) or channel");
+  bench->add_option("--block-size", f->plan.block_size,
+                    "fp8-block: rows and columns per scale (128)");
+  bench->add_option("--group-size", f->plan.group_size, "int4-group: columns per scale (128)");
+  bench->add_option("--scale-dtype", f->plan.scale_dtype, "int4-group: bf16 (default) or f16");
+  bench->add_flag("--zero-points", f->plan.zero_points, "int4-group: asymmetric, with zero points");
+  bench->add_option("--runner", f->plan.runner, "auto, reference, cpu, cuda, hopper")
+      ->capture_default_str();
+  bench->add_option("--device", f->plan.device, "cpu, cuda, cuda:N: which table of cases")
+      ->capture_default_str();
+  bench->add_option("--fused-ops", f->plan.fused_ops, "auto or off")->capture_default_str();
+  bench->add_option("--threads", f->plan.threads, "CPU threads, 0 = all")->capture_default_str();
+  bench->add_option("--routing", f->routing, "uniform, or skewed: a few hot experts per repeat")
+      ->capture_default_str();
+  bench->add_option("--repeats", f->settings.repeats, "timed runs per case and T")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  bench->add_option("--warmup", f->settings.warmup, "untimed runs first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  bench
+      ->add_option("--max-seconds", f->settings.budget_s,
+                   "a slow case stops repeating after this much timed work (at least 3 runs)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--seed", f->settings.seed, "weights, hidden states and logits")
+      ->capture_default_str();
+  bench
+      ->add_option("--bandwidth-bytes", f->bandwidth_bytes,
+                   "size of the array summed for the read bandwidth; keep it far above the "
+                   "last-level cache")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  bench->add_option("--json", f->json_file, "write the results as JSON to this file");
+  return {bench, [f] { return run_bench(*f); }};
+}
+
+}  // namespace moekit::cli

@@ -1,0 +1,113 @@
+// moekit run: one MoE layer of a Hugging Face checkpoint over hidden states from a safetensors
+// file, its output, top-k ids and weights written to another.
+
+#include <cstdio>
+
+#include "commands.hpp"
+#include "moekit/checkpoint.hpp"
+#include "moekit/layer.hpp"
+#include "moekit/safetensors.hpp"
+
+namespace moekit::cli {
+namespace {
+
+struct RunFlags {
+  PlanFlags plan;
+  std::string model;
+  int layer = -1;
+  std::string input;
+  std::string output;
+};
+
+bool is_float_activation(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
+
+// A [rows, cols] float tensor of the input file, named in every complaint.
+TensorView input_matrix(const SafetensorsFile& file, const char* name, int64_t rows, int64_t cols) {
+  const TensorView t = file.view(name);
+  const bool rows_ok = rows < 0 || (t.rank() == 2 && t.dim(0) == rows);
+  if (t.rank() != 2 || t.dim(1) != cols || !rows_ok) {
+    fail(Errc::invalid_argument, "{}: '{}' must have shape [{}, {}], got {}", file.path(), name,
+         rows < 0 ? std::string("T") : std::to_string(rows), cols, t.shape.str());
+  }
+  if (!is_float_activation(t.dtype)) {
+    fail(Errc::invalid_argument, "{}: '{}' must be f32, bf16 or f16, got {}", file.path(), name,
+         dtype_name(t.dtype));
+  }
+  return t;
+}
+
+int run(const RunFlags& flags) {
+  const Checkpoint checkpoint = Checkpoint::open(flags.model);
+  const ModelSpec spec = checkpoint.spec(flags.layer);
+  const SafetensorsFile input = SafetensorsFile::open(flags.input);
+  const TensorView hidden = input_matrix(input, "hidden_states", -1, spec.hidden);
+  const int64_t T = hidden.dim(0);
+
+  Options options = flags.plan.options();
+  options.weights = checkpoint.format_for(flags.layer, flags.plan.requested_quant());
+  options.max_tokens = std::max<int64_t>(T, 1);
+  const Plan plan = resolve(spec, options, Platform::probe());
+
+  const bool logits_given = input.find("router_logits") != nullptr;
+  Tensor computed_logits;
+  TensorView logits;
+  if (logits_given) {
+    logits = input_matrix(input, "router_logits", T, spec.n_experts);
+  } else {
+    computed_logits = Tensor::empty(DType::f32, {T, spec.n_experts});
+    checkpoint.router(flags.layer).logits(hidden, computed_logits.view());
+    logits = computed_logits.view();
+  }
+
+  MoeLayer layer = checkpoint.load(flags.layer, plan);
+  const int k = spec.routing.top_k;
+  Tensor output = Tensor::empty(hidden.dtype, {T, spec.hidden});
+  Tensor ids = Tensor::empty(DType::i32, {T, k});
+  Tensor weights = Tensor::empty(DType::f32, {T, k});
+  const RoutingResult routing{ids.view(), weights.view()};
+  layer.forward(hidden, logits, output.view(), &routing);
+
+  std::map<std::string, std::string> metadata{
+      {"model", flags.model},
+      {"layer", std::to_string(flags.layer)},
+      {"weights", plan.quant.describe()},
+      {"router_logits",
+       computed_logits.view().data ? "computed by the checkpoint's gate" : "from the input"},
+  };
+  if (plan.options.ep.size > 1) {
+    metadata["ep"] = fmt::format("rank {} of {}: output is this rank's partial sum",
+                                 plan.options.ep.rank, plan.options.ep.size);
+  }
+  write_safetensors(
+      flags.output,
+      {{"output", output.view()}, {"topk_ids", ids.view()}, {"topk_weights", weights.view()}},
+      metadata);
+  std::printf("%s\nlayer %d: %lld tokens, weights %s, router logits %s; wrote %s\n",
+              spec.summary().c_str(), flags.layer, static_cast<long long>(T),
+              plan.quant.describe().c_str(), metadata["router_logits"].c_str(),
+              flags.output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "run one MoE layer of a Hugging Face checkpoint on hidden states from a file");
+  cmd->add_option("--model", flags->model, "model directory: config.json and *.safetensors")
+      ->required();
+  cmd->add_option("--layer", flags->layer, "decoder layer index (an MoE layer)")->required();
+  cmd->add_option("--input", flags->input,
+                  "safetensors file: hidden_states [T, H], optional router_logits [T, E]")
+      ->required();
+  cmd->add_option("--output", flags->output,
+                  "safetensors file to write: output [T, H], topk_ids, topk_weights")
+      ->required();
+  flags->plan.add_deployment(*cmd, "--quantize");
+  return {cmd, [flags] { return run(*flags); }};
+}
+
+}  // namespace moekit::cli
