@@ -180,7 +180,7 @@ def time_cases(cases, settings):
             results = time_shape(shape, w13, w2, dtype, shape_runs, settings, flusher)
             for key, result in results.items():
                 timings.setdefault((shape, *key), {})[name] = result
-        del w13, w2
+        del w13, w2  # before the next shape's weights are made
     return timings
 
 

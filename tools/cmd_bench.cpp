@@ -139,7 +139,8 @@ int run_bench(const BenchFlags& f) {
   }
   const double total_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log.note(fmt::format("done in {:.1f} s\n", total_s));
+  log.note(fmt::format("done in {:.1f} s, of which setup (weights and layers) {:.1f} s\n", total_s,
+                       report.setup_s));
   std::printf("%s", report.table().c_str());
   if (json_out.is_open()) {
     json_out << report.json();

@@ -174,6 +174,11 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
   const int threads = report.machine.threads;
   std::optional<RandomWeights> source;  // made once, read by every format
   std::optional<CacheFlusher> flusher;
+  const auto setup_done = [&report](Clock::time_point start) {
+    const double seconds = seconds_since(start);
+    report.setup_s += seconds;
+    return seconds;
+  };
   for (const QuantParams& format : bench_case.formats) {
     const std::string format_name(weight_format_name(format.format));
     if (format.activation == ActivationQuant::fp8_static) {
@@ -207,7 +212,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
       const int64_t count = source->w13.view().numel() + source->w2.view().numel();
       log.note(fmt::format("{}: {} random bf16 expert weights ({:.2f} GB) in {:.1f} s",
                            bench_case.name, count, 2e-9 * static_cast<double>(count),
-                           seconds_since(start)));
+                           setup_done(start)));
       flusher.emplace(report.machine.isa, settings.flush_bytes);
     }
     LayerWeights given = source->view();
@@ -217,7 +222,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
       quantized = quantize_layer(given, format);
       given = quantized.view();
       log.note(fmt::format("{} {}: quantised ({}) in {:.1f} s", bench_case.name, format_name,
-                           format.describe(), seconds_since(start)));
+                           format.describe(), setup_done(start)));
     }
     Options checking = timed;
     checking.runner = RunnerKind::reference;
@@ -226,7 +231,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
     auto start = Clock::now();
     MoeLayer reference(resolve(spec, checking, platform), given);
     log.note(fmt::format("{} {}: reference layer built in {:.1f} s", bench_case.name, format_name,
-                         seconds_since(start)));
+                         setup_done(start)));
     const TimedRun run{bench_case, settings, log, report.machine, *flusher};
     for (const int64_t T : bench_case.tokens) {
       timed.max_tokens = T;
@@ -235,7 +240,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
       MoeLayer layer(plan, given);
       log.note(fmt::format("{} {} T={}: {} layer ({}) built in {:.1f} s", bench_case.name,
                            format_name, T, runner_name(plan.runner), plan_path(plan),
-                           seconds_since(start)));
+                           setup_done(start)));
       report.results.push_back(time_layer(run, plan, layer, reference, T));
     }
   }

@@ -77,6 +77,7 @@ struct BenchReport {
   Ceilings machine;
   std::vector<CaseResult> results;
   std::vector<Refusal> refusals;
+  double setup_s = 0.0;  // making weights and building layers, outside the ceilings and timing
 
   bool all_ok() const;
   // The results as a text table, with the ceilings they are measured against.

@@ -1,5 +1,6 @@
 #include "bench/random_layer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 

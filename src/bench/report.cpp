@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -31,6 +33,14 @@ std::string BenchReport::table() const {
         r.expected_distinct_experts, r.roofline.floor_s * 1e3, 100.0 * r.floor_ratio(),
         r.bytes_per_s() * 1e-9, r.flops_per_s() * 1e-9, bound_name(r.roofline.bound), r.error,
         r.ok ? "ok" : "FAILED");
+  }
+  const auto beats_floor = std::count_if(results.begin(), results.end(),
+                                         [](const CaseResult& r) { return r.floor_ratio() > 1.0; });
+  if (beats_floor > 0) {
+    text += fmt::format(
+        "warning: {} result(s) ran faster than the floor: the ceilings were measured low (a busy "
+        "machine?) or the layer skipped work\n",
+        beats_floor);
   }
   for (const Refusal& r : refusals) {
     text += fmt::format("{:<18} {:<10} {}\n", r.case_name, r.format, r.message);

@@ -44,6 +44,7 @@ TEST(RunCase, TimesEveryFormatAndBatchAndMatchesTheReference) {
   const BenchReport report = run(c, quick_settings());
   ASSERT_EQ(report.results.size(), 4u);
   EXPECT_TRUE(report.refusals.empty());
+  EXPECT_GT(report.setup_s, 0.0);
   const std::vector<std::pair<WeightFormat, int64_t>> order = {{WeightFormat::bf16, 1},
                                                                {WeightFormat::bf16, 6},
                                                                {WeightFormat::int4_group, 1},
@@ -126,7 +127,7 @@ CaseResult made_up_result(double error) {
   r.tokens = 16;
   r.runner = "cpu";
   r.path = "contiguous core";
-  r.timing = Timing::Of({0.004, 0.005, 0.006});
+  r.timing = Timing::Of({0.04, 0.05, 0.06});
   r.distinct_experts = 80;
   r.expected_distinct_experts = 82.4;
   r.roofline = Roofline::Of(r.spec, r.format, 16, 80, DType::bf16, kCeilings);
@@ -185,11 +186,11 @@ TEST(BenchReport, JsonCarriesTheFiguresInItsUnits) {
   EXPECT_DOUBLE_EQ(json["machine"]["fma_peak_gflops"].get<double>(), 100.0);
   const nlohmann::json& row = json["results"][0];
   EXPECT_EQ(row["weights"], "int4-group");
-  EXPECT_NEAR(row["median_ms"].get<double>(), 5.0, 1e-12);
+  EXPECT_NEAR(row["median_ms"].get<double>(), 50.0, 1e-12);
   EXPECT_EQ(row["bytes"].get<int64_t>(), r.roofline.bytes);
   EXPECT_EQ(row["flops"].get<int64_t>(), int64_t{6} * 16 * 8 * 2048 * 768);
-  EXPECT_DOUBLE_EQ(row["floor_ratio"].get<double>(), r.roofline.floor_s / 0.005);
-  EXPECT_NEAR(row["gbs"].get<double>(), static_cast<double>(r.roofline.bytes) / 0.005e9, 1e-9);
+  EXPECT_DOUBLE_EQ(row["floor_ratio"].get<double>(), r.roofline.floor_s / 0.05);
+  EXPECT_NEAR(row["gbs"].get<double>(), static_cast<double>(r.roofline.bytes) / 0.05e9, 1e-9);
   EXPECT_EQ(row["bound"], bound_name(r.roofline.bound));
 }
 
@@ -202,6 +203,16 @@ TEST(BenchReport, TheTableMarksAResultOverTheToleranceFailed) {
   report.results.push_back(made_up_result(0.5));
   EXPECT_FALSE(report.all_ok());
   EXPECT_NE(report.table().find("FAILED"), std::string::npos) << report.table();
+}
+
+TEST(BenchReport, TheTableWarnsOfAResultFasterThanItsFloor) {
+  BenchReport report;
+  report.machine = kCeilings;
+  report.results.push_back(made_up_result(1e-3));
+  EXPECT_EQ(report.table().find("faster than the floor"), std::string::npos);
+  report.results[0].timing = Timing::Of({report.results[0].roofline.floor_s / 2});
+  EXPECT_NE(report.table().find("1 result(s) ran faster than the floor"), std::string::npos)
+      << report.table();
 }
 
 }  // namespace
