@@ -29,10 +29,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "io/safetensors.hpp"
-#include "model/hf_config.hpp"
 #include "moekit/dtype.hpp"
+#include "moekit/hf_config.hpp"
 #include "moekit/quant.hpp"
+#include "moekit/safetensors.hpp"
 #include "moekit/tensor.hpp"
 
 namespace moekit::test {
