@@ -31,13 +31,12 @@ Platform with_avx2() {
 TEST(CpuKernelChoice, IsAPlanDecisionThatFollowsThePlatform) {
   Options options;
   options.runner = RunnerKind::cpu;
-  const Decision* portable =
-      find_decision(resolve(small_dsv3(), options, Platform::cpu_only(2)), "kernels");
-  ASSERT_NE(portable, nullptr);
-  EXPECT_EQ(portable->choice, "portable");
-  const Decision* avx2 = find_decision(resolve(small_dsv3(), options, with_avx2()), "kernels");
-  ASSERT_NE(avx2, nullptr);
-  EXPECT_EQ(avx2->choice, "avx2 panel16");
+  const Plan portable = resolve(small_dsv3(), options, Platform::cpu_only(2));
+  ASSERT_NE(find_decision(portable, "kernels"), nullptr);
+  EXPECT_EQ(find_decision(portable, "kernels")->choice, "portable");
+  const Plan avx2 = resolve(small_dsv3(), options, with_avx2());
+  ASSERT_NE(find_decision(avx2, "kernels"), nullptr);
+  EXPECT_EQ(find_decision(avx2, "kernels")->choice, "avx2 panel16");
 }
 
 TEST(CpuKernelChoice, TheAvx2FusedOpServesEveryBatchSizeUnlessFusedOpsAreOff) {
@@ -53,7 +52,8 @@ TEST(CpuKernelChoice, TheAvx2FusedOpServesEveryBatchSizeUnlessFusedOpsAreOff) {
 TEST(CpuKernelChoice, OtherRunnersRecordNoKernels) {
   Options options;
   options.runner = RunnerKind::reference;
-  EXPECT_EQ(find_decision(resolve(small_dsv3(), options, with_avx2()), "kernels"), nullptr);
+  const Plan plan = resolve(small_dsv3(), options, with_avx2());
+  EXPECT_EQ(find_decision(plan, "kernels"), nullptr);
 }
 
 struct Path {

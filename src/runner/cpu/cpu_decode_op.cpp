@@ -121,9 +121,11 @@ class PanelFusedOp final : public FusedOp {
       own.out_row[r] = static_cast<int32_t>(e / input.columns);
       own.weight[r] = input.weights[e];
     }
-    cpu::for_rows(pool, n_rows, n_rows * H, [&](int64_t begin, int64_t end) {
+    // Two references: small enough for std::function to hold without allocating.
+    cpu::for_rows(pool, n_rows, n_rows * H, [&input, &own](int64_t begin, int64_t end) {
+      const int64_t width = input.hidden.dim(1);
       for (int64_t r = begin; r < end; ++r) {
-        kernels::activation_row(input.hidden, own.out_row[r], own.x + r * H);
+        kernels::activation_row(input.hidden, own.out_row[r], own.x + r * width);
       }
     });
     const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets, own.out_row,

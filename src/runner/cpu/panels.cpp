@@ -13,25 +13,38 @@ int64_t packed_rows(PanelOrder order, int64_t rows) {
   return (rows / 2 + kHalfPanel - 1) / kHalfPanel * kPanelRows;
 }
 
-// The raw storage of element (row, k) of slot `slot` of m, written into one panel step.
-void copy_element(const StoredMatrices& m, int64_t slot, int64_t row, int64_t k, uint8_t* step,
-                  int j) {
+// Canonical row `row` of slot `slot` of m, stored as row j of a panel whose steps are `stride`
+// bytes apart.
+void copy_row(const StoredMatrices& m, int64_t slot, int64_t row, uint8_t* panel, int64_t stride,
+              int j) {
   const int64_t K = m.weight.dim(2);
-  const int64_t index = (slot * m.weight.dim(1) + row) * K + k;
+  const int64_t first = (slot * m.weight.dim(1) + row) * K;
   const auto* src = static_cast<const uint8_t*>(m.weight.data);
-  switch (m.weight.dtype) {
-    case DType::i4: {
+  if (m.weight.dtype == DType::i4) {
+    const int shift = j < kHalfPanel ? 0 : 4;
+    uint8_t* out = panel + j % kHalfPanel;
+    for (int64_t k = 0; k < K; ++k, out += stride) {
+      const int64_t index = first + k;
       const uint8_t byte = src[index / 2];
       // The signed nibble q becomes the code q + 8, which flips its top bit.
-      const auto code = static_cast<uint8_t>(((index % 2 == 0 ? byte : byte >> 4) & 0xF) ^ 8);
-      step[j % kHalfPanel] |= static_cast<uint8_t>(j < kHalfPanel ? code : code << 4);
-      return;
+      const int code = ((index % 2 == 0 ? byte : byte >> 4) & 0xF) ^ 8;
+      *out = static_cast<uint8_t>(*out | code << shift);
     }
-    default: {
-      const int64_t bytes = dtype_storage_bytes(m.weight.dtype, 1);
-      std::memcpy(step + j * bytes, src + index * bytes, static_cast<size_t>(bytes));
-      return;
-    }
+    return;
+  }
+  // One fixed-size copy per element: the element size as a constant keeps each a plain move.
+  const auto copy = [&]<size_t kBytes>() {
+    const uint8_t* in = src + first * static_cast<int64_t>(kBytes);
+    uint8_t* out = panel + j * static_cast<int64_t>(kBytes);
+    for (int64_t k = 0; k < K; ++k, in += kBytes, out += stride) std::memcpy(out, in, kBytes);
+  };
+  switch (dtype_storage_bytes(m.weight.dtype, 1)) {
+    case 1:
+      return copy.template operator()<1>();
+    case 2:
+      return copy.template operator()<2>();
+    default:
+      return copy.template operator()<4>();
   }
 }
 
@@ -90,8 +103,7 @@ void PanelBuffer::pack(const QuantParams& q, const StoredMatrices& m, int64_t sl
       continue;
     }
     uint8_t* panel = data + p * dst.panel_bytes();
-    for (int64_t k = 0; k < dst.k; ++k)
-      copy_element(m, slot, row, k, panel + k * dst.step_bytes(), j);
+    copy_row(m, slot, row, panel, dst.step_bytes(), j);
     if (steps == 0) continue;
     const int64_t first = scale_row_index(q, m, slot, row);
     for (int64_t g = 0; g < steps; ++g) {
