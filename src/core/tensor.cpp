@@ -5,6 +5,8 @@
 #include <new>
 #include <utility>
 
+#include <sys/mman.h>
+
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -128,12 +130,18 @@ Buffer Buffer::allocate(Device device, int64_t bytes) {
   buffer.device_ = device;
   buffer.bytes_ = bytes;
   if (bytes == 0) return buffer;
-  constexpr size_t kAlignment = 64;  // a cache line, and any SIMD load width
-  const size_t rounded = (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
-  buffer.data_ = std::aligned_alloc(kAlignment, rounded);
+  // A cache line, and any SIMD load width; large buffers (expert weights, mostly) start on a
+  // huge page and ask for huge pages: streaming them with 4 KiB pages costs a TLB miss per
+  // page, measured at about a quarter of this machine's read bandwidth.
+  constexpr size_t kAlignment = 64;
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t alignment = static_cast<size_t>(bytes) >= kHugePage ? kHugePage : kAlignment;
+  const size_t rounded = (static_cast<size_t>(bytes) + alignment - 1) / alignment * alignment;
+  buffer.data_ = std::aligned_alloc(alignment, rounded);
   if (buffer.data_ == nullptr) {
     fail(Errc::out_of_memory, "could not allocate {} bytes on {}", bytes, device.str());
   }
+  if (alignment == kHugePage) madvise(buffer.data_, rounded, MADV_HUGEPAGE);
   return buffer;
 }
 
