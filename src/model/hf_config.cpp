@@ -74,8 +74,11 @@ DType read_weight_dtype(ConfigReader& reader) {
 // the MoE layer's business.
 void check_unquantized_modules(ConfigReader& quant, ConfigReader& reader, const char* key) {
   for (const std::string& module : quant.string_list(key)) {
+    // Routers ("mlp.gate", "block_sparse_moe.gate") and Qwen2-MoE's shared_expert_gate are
+    // float in every checkpoint and read as floats; expert projections are not.
+    const bool shared_gate = module.ends_with("shared_expert_gate");
     if (module.find("experts") != std::string::npos ||
-        module.find("block_sparse_moe") != std::string::npos) {
+        (module.find("shared_expert") != std::string::npos && !shared_gate)) {
       reader.refuse(
           "quantization_config.{} keeps '{}' unquantised; moekit needs every expert of a "
           "layer in one format",

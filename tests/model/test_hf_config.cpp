@@ -483,6 +483,13 @@ TEST(HfConfig, QuantizationConfigGivesTheWeightFormat) {
       {"per-tensor static",
        {{"quant_method", "fp8"}, {"activation_scheme", "static"}, {"ignored_layers", {"lm_head"}}},
        QuantParams::Fp8Tensor(Fp8Scaling::per_tensor, Fp8Activations::static_)},
+      {"routers and the shared expert gate left unquantised",
+       {{"quant_method", "fp8"},
+        {"weight_block_size", {128, 128}},
+        {"modules_to_not_convert",
+         {"lm_head", "model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate",
+          "model.layers.0.mlp.shared_expert_gate"}}},
+       QuantParams::Fp8Block(128)},
   };
   for (const auto& c : cases) {
     const HfModelConfig config =

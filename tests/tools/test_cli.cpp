@@ -253,8 +253,8 @@ TEST_P(CliHelp, ExitsZeroWithUsage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Commands, CliHelp,
-                         testing::Values("--help", "demo --help", "explain --help",
-                                         "matrix --help"),
+                         testing::Values("--help", "demo --help", "explain --help", "matrix --help",
+                                         "run --help", "inspect --help", "bench --help"),
                          [](const testing::TestParamInfo<const char*>& param_info) {
                            const std::string args = param_info.param;
                            return args == "--help" ? std::string("app")
