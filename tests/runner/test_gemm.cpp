@@ -61,10 +61,11 @@ bool quantized(DType dtype) {
   return dtype == DType::f8e4m3 || dtype == DType::i4;
 }
 
-// Draws every weight's code (and, for quantised dtypes, a scale and an int4 offset per row and
-// group), stores the codes in panel16 order and records the value each one stands for. Rows
-// past n in the last panel are zero codes with zero scales.
-TestPanels random_panels(DType dtype, int64_t n, int64_t k, int64_t group_k, uint64_t seed) {
+// Draws every weight's code (and, for quantised dtypes, a scale and, unless symmetric, an int4
+// offset per row and group), stores the codes in panel16 order and records the value each one
+// stands for. Rows past n in the last panel are zero codes with zero scales.
+TestPanels random_panels(DType dtype, int64_t n, int64_t k, int64_t group_k, bool symmetric,
+                         uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -82,14 +83,14 @@ TestPanels random_panels(DType dtype, int64_t n, int64_t k, int64_t group_k, uin
   t.value.assign(sz(n * k), 0.0);
   if (quantized(dtype)) {
     t.scale.assign(sz(panels * shape.scale_steps() * kPanelRows), 0.0f);
-    if (dtype == DType::i4) t.offset.assign(t.scale.size(), 0.0f);
+    if (dtype == DType::i4 && !symmetric) t.offset.assign(t.scale.size(), 0.0f);
     for (int64_t p = 0; p < panels; ++p) {
       for (int64_t g = 0; g < shape.scale_steps(); ++g) {
         for (int64_t j = 0; j < kPanelRows && p * kPanelRows + j < n; ++j) {
           const size_t at = sz((p * shape.scale_steps() + g) * kPanelRows + j);
           t.scale[at] = positive(rng);
           const int zero_point = nibble(rng) - 8;
-          if (dtype == DType::i4) t.offset[at] = static_cast<float>(8 + zero_point);
+          if (!t.offset.empty()) t.offset[at] = static_cast<float>(8 + zero_point);
         }
       }
     }
@@ -132,7 +133,8 @@ TestPanels random_panels(DType dtype, int64_t n, int64_t k, int64_t group_k, uin
           const int code = nibble(rng);
           uint8_t& packed = panel[col * (kPanelRows / 2) + j % 8];
           packed = static_cast<uint8_t>(packed | (j < 8 ? code : code << 4));
-          value = (code - static_cast<double>(t.offset[grid])) * t.scale[grid];
+          const double offset = symmetric ? kSymmetricOffset : t.offset[grid];
+          value = (code - offset) * t.scale[grid];
           break;
         }
       }
@@ -149,12 +151,14 @@ struct Case {
   int64_t group_k;
   int64_t p_begin;
   int64_t p_end;
+  bool symmetric = false;  // int4 without offsets
 };
 
 std::string describe(const Case& c) {
   return std::string(dtype_name(c.dtype)) + "_m" + std::to_string(c.m) + "_K" +
          std::to_string(c.k) + "_N" + std::to_string(c.n) + "_group" + std::to_string(c.group_k) +
-         "_panels" + std::to_string(c.p_begin) + "to" + std::to_string(c.p_end);
+         "_panels" + std::to_string(c.p_begin) + "to" + std::to_string(c.p_end) +
+         (c.symmetric ? "_symmetric" : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -183,6 +187,12 @@ std::vector<Case> cases() {
     // More rows than one A block holds.
     out.push_back({dtype, 500, 300, 20, 128, 0, 2});
   }
+  // Symmetric int4 stores no offsets: every row's offset is 8.
+  for (const Shape& s : shapes) {
+    for (const int64_t m : {1, 7}) {
+      out.push_back({DType::i4, m, s.k, s.n, s.group_k, s.p_begin, s.p_end, true});
+    }
+  }
   return out;
 }
 
@@ -191,7 +201,7 @@ class GemmPanelsMatches : public testing::TestWithParam<Case> {};
 TEST_P(GemmPanelsMatches, DoublePrecisionProductAndWritesOnlyItsPanels) {
   if (!cpu_runs_gemm()) GTEST_SKIP() << "this CPU lacks AVX2, FMA or F16C";
   const Case& c = GetParam();
-  const TestPanels w = random_panels(c.dtype, c.n, c.k, c.group_k, 7);
+  const TestPanels w = random_panels(c.dtype, c.n, c.k, c.group_k, c.symmetric, 7);
   const int64_t lda = c.k + 3;
   const int64_t ldc = c.n + 5;
   std::mt19937_64 rng(11);
@@ -234,7 +244,7 @@ INSTANTIATE_TEST_SUITE_P(EveryDtypeAndShape, GemmPanelsMatches, testing::ValuesI
 
 TEST(GemmPanels, E4m3NanCodeMakesOnlyItsColumnNan) {
   if (!cpu_runs_gemm()) GTEST_SKIP() << "this CPU lacks AVX2, FMA or F16C";
-  TestPanels w = random_panels(DType::f8e4m3, 32, 40, 40, 3);
+  TestPanels w = random_panels(DType::f8e4m3, 32, 40, 40, false, 3);
   w.data[sz(w.view().panel_bytes() + 5 * kPanelRows + 3)] = 0xFF;  // row 19, k = 5
   const int64_t m = 2;
   std::vector<float> a(sz(m * w.k), 1.0f);
@@ -252,7 +262,7 @@ TEST(GemmPanels, E4m3NanCodeMakesOnlyItsColumnNan) {
 
 TEST(GemmPanels, RejectsAPanelRangePastTheMatrix) {
   if (!cpu_runs_gemm()) GTEST_SKIP() << "this CPU lacks AVX2, FMA or F16C";
-  const TestPanels w = random_panels(DType::bf16, 20, 8, 0, 1);
+  const TestPanels w = random_panels(DType::bf16, 20, 8, 0, false, 1);
   std::vector<float> a(8, 1.0f);
   std::vector<float> out(32);
   std::vector<float> work(sz(gemm_scratch_floats(w.k)));

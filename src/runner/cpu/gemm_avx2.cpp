@@ -244,15 +244,17 @@ MOEKIT_AVX2 void widen_e4m3(const PanelMatrix& w, int64_t p, int64_t k0, int64_t
 MOEKIT_AVX2 void widen_int4(const PanelMatrix& w, int64_t p, int64_t k0, int64_t kc, float* out) {
   const uint8_t* codes = w.panel(p) + k0 * (kPanelRows / 2);
   const float* scales = w.panel_scale(p);
-  const float* offsets = w.panel_offset(p);
+  const float* offsets = w.offset == nullptr ? nullptr : w.panel_offset(p);
   const __m256i nibble = _mm256_set1_epi32(0xF);
   for (int64_t k = 0; k < kc;) {
     const int64_t g = (k0 + k) / w.group_k;
     const int64_t end = std::min(kc, (g + 1) * w.group_k - k0);
     const __m256 s_lo = _mm256_loadu_ps(scales + g * kPanelRows);
     const __m256 s_hi = _mm256_loadu_ps(scales + g * kPanelRows + 8);
-    const __m256 o_lo = _mm256_loadu_ps(offsets + g * kPanelRows);
-    const __m256 o_hi = _mm256_loadu_ps(offsets + g * kPanelRows + 8);
+    const __m256 o_lo = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
+                                           : _mm256_loadu_ps(offsets + g * kPanelRows);
+    const __m256 o_hi = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
+                                           : _mm256_loadu_ps(offsets + g * kPanelRows + 8);
     for (; k < end; ++k) {
       const __m256i bytes = _mm256_cvtepu8_epi32(
           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k * (kPanelRows / 2))));
@@ -294,7 +296,6 @@ void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& 
   if (d == DType::f8e4m3 || d == DType::i4) {
     require(w.group_k > 0 && w.scale != nullptr,
             "gemm_panels: {} weights need a scale grid (group_k {})", dtype_name(d), w.group_k);
-    require(d != DType::i4 || w.offset != nullptr, "gemm_panels: int4 weights need offsets");
   }
 }
 

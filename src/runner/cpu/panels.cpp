@@ -73,7 +73,7 @@ PanelBuffer::PanelBuffer(const QuantParams& q, PanelOrder order, int slots, int6
   data_ = Buffer::allocate(Device::cpu(), slots * stack_.data_bytes());
   m.data = static_cast<const uint8_t*>(data_.data());
   if (q.quantized()) {
-    const int arrays = q.weight_dtype == DType::i4 ? 2 : 1;
+    const int arrays = q.weight_dtype == DType::i4 && q.zero_points ? 2 : 1;
     const int64_t floats = slots * stack_.scale_floats();
     scales_ =
         Buffer::allocate(Device::cpu(), arrays * floats * static_cast<int64_t>(sizeof(float)));
@@ -109,8 +109,7 @@ void PanelBuffer::pack(const QuantParams& q, const StoredMatrices& m, int64_t sl
     for (int64_t g = 0; g < steps; ++g) {
       scale[scale_first + g * kPanelRows] = read_float(m.scale, first + g);
       if (offset != nullptr) {
-        const float zero =
-            q.zero_points ? static_cast<const int8_t*>(m.zero.data)[first + g] : 0.0f;
+        const float zero = static_cast<const int8_t*>(m.zero.data)[first + g];
         offset[scale_first + g * kPanelRows] = 8.0f + zero;
       }
     }
@@ -143,7 +142,8 @@ float panel_value(const PanelMatrix& w, int64_t n, int64_t k) {
     case DType::i4: {
       const uint8_t byte = step[j % kHalfPanel];
       const int code = j < kHalfPanel ? byte & 0xF : byte >> 4;
-      return (static_cast<float>(code) - w.panel_offset(p)[scale_at]) * w.panel_scale(p)[scale_at];
+      const float offset = w.offset == nullptr ? kSymmetricOffset : w.panel_offset(p)[scale_at];
+      return (static_cast<float>(code) - offset) * w.panel_scale(p)[scale_at];
     }
     default:
       fail(Errc::internal, "panel16 holds no {} weights", dtype_name(w.dtype));

@@ -17,11 +17,12 @@
 // Quantised panels carry one scale step every `group_k` values of k (group_k = K when the scale
 // covers the whole row), each step 16 f32 values, one per row:
 //   scale[g][j]   multiplies row j's values in [g * group_k, (g + 1) * group_k)
-//   offset[g][j]  int4 only: the value subtracted from the unsigned code first
+//   offset[g][j]  int4 with zero points only: the value subtracted from the unsigned code first
 // so that  w[n][k] = (code(n, k) - offset[g][n % 16]) * scale[g][n % 16]  for int4 (offset =
-// 8 + zero point) and  w[n][k] = e4m3(n, k) * scale[g][n % 16]  for e4m3. Scales are widened to
-// f32 and expanded to one value per row when the panel is packed, so the kernels see one grid
-// for per-tensor, per-channel, 128x128-block and per-group scaling alike.
+// 8 + zero point; symmetric int4 stores no offsets, as every one would be 8, which saves their
+// bytes on every decode pass over the weights) and  w[n][k] = e4m3(n, k) * scale[g][n % 16]  for
+// e4m3. Scales are widened to f32 and expanded to one value per row when the panel is packed, so
+// the kernels see one grid for per-tensor, per-channel, 128x128-block and per-group scaling alike.
 //
 // w13 (gate rows then up rows in the canonical layout) is packed "gate/up interleaved": panel p
 // holds gate rows 8p..8p+7 as its rows 0-7 and the up rows of the same i as its rows 8-15, so a
@@ -43,6 +44,8 @@ namespace moekit::cpu {
 
 inline constexpr int kPanelRows = 16;
 inline constexpr int kHalfPanel = kPanelRows / 2;
+// The int4 offset of every row of a matrix without zero points (PanelMatrix::offset null).
+inline constexpr float kSymmetricOffset = 8.0f;
 
 // One packed matrix [N, K] of one expert.
 struct PanelMatrix {
@@ -52,7 +55,7 @@ struct PanelMatrix {
   int64_t k = 0;
   int64_t group_k = 0;            // values of k per scale step; 0 for float dtypes
   const float* scale = nullptr;   // [panels][k / group_k rounded up][16]
-  const float* offset = nullptr;  // int4 only, same shape as scale
+  const float* offset = nullptr;  // int4 with zero points only, same shape as scale; null: 8
 
   int64_t panels() const { return (n + kPanelRows - 1) / kPanelRows; }
   int64_t scale_steps() const { return group_k == 0 ? 0 : (k + group_k - 1) / group_k; }
@@ -103,7 +106,7 @@ class PanelBuffer {
   PanelStack stack_;
   PanelOrder order_ = PanelOrder::rows;
   Buffer data_;
-  Buffer scales_;  // scale then offset arrays
+  Buffer scales_;  // the scale array, then the offset array where there is one
 };
 
 // The canonical row that packed row n holds, or -1 for a zero row past the matrix.

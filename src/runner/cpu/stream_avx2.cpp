@@ -47,6 +47,11 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
   }
 }
 
+// The hardware prefetcher alone leaves the int4 stream waiting on memory: each 64-byte line
+// holds only 8 steps, so the kernel asks for lines this far ahead itself (past the panel's end
+// is the next panel of the range, or a harmless prefetch).
+constexpr int64_t kPrefetchBytes = 2048;
+
 // One panel times M rows. U independent accumulator pairs per row keep enough FMA chains in
 // flight when M is small. Quantised dtypes accumulate the raw codes over one scale step and
 // apply the step's scale (and offset, through the row's step sum) once per row per step.
@@ -71,6 +76,10 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
     }
     int64_t k = k0;
     for (; k + U <= k1; k += U) {
+      if constexpr (D == DType::i4) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + kPrefetchBytes),
+                     _MM_HINT_T0);
+      }
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
         __m256 lo, hi;
@@ -104,10 +113,16 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
       if constexpr (kQuantized) {
         const float* scale = w.panel_scale(p) + g * kPanelRows;
         if constexpr (D == DType::i4) {
-          const float* offset = w.panel_offset(p) + g * kPanelRows;
           const __m256 sum = _mm256_broadcast_ss(rows.x_sums[r] + g);
-          lo = _mm256_fnmadd_ps(_mm256_loadu_ps(offset), sum, lo);
-          hi = _mm256_fnmadd_ps(_mm256_loadu_ps(offset + kHalfPanel), sum, hi);
+          __m256 offset_lo = _mm256_set1_ps(kSymmetricOffset);
+          __m256 offset_hi = offset_lo;
+          if (w.offset != nullptr) {
+            const float* offset = w.panel_offset(p) + g * kPanelRows;
+            offset_lo = _mm256_loadu_ps(offset);
+            offset_hi = _mm256_loadu_ps(offset + kHalfPanel);
+          }
+          lo = _mm256_fnmadd_ps(offset_lo, sum, lo);
+          hi = _mm256_fnmadd_ps(offset_hi, sum, hi);
         }
         out_lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale), lo, out_lo[r]);
         out_hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale + kHalfPanel), hi, out_hi[r]);
