@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "bench/random_layer.hpp"
+#include "core/thread_pool.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/testing.hpp"
@@ -26,22 +27,38 @@ double seconds_since(Clock::time_point start) {
 
 // A real decode step runs every other layer of the model between two visits to this one, so
 // this layer's weights come from memory, not from the last-level cache. Reading a buffer several
-// times that cache's size between repeats puts them back there.
+// times that cache's size between repeats puts them back there. The read, on every thread, is
+// also timed: the memory bandwidth of a shared machine moves from one minute to the next, and a
+// ceiling measured next to each repeat keeps floor / time honest when it does.
 class CacheFlusher {
  public:
-  CacheFlusher(SimdIsa isa, int64_t bytes) : isa_(isa) {
+  CacheFlusher(SimdIsa isa, int64_t bytes, int threads) : isa_(isa), pool_(threads) {
     constexpr int64_t kAtLeast = int64_t{64} << 20;
     const int64_t last_level = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
     const int64_t n =
         std::max<int64_t>(1, bytes > 0 ? bytes / 4 : std::max(kAtLeast, 4 * last_level) / 4);
     buffer_ = Tensor::empty(DType::f32, {n});
     std::fill_n(buffer_.data<float>(), n, 1.0f);
+    partial_.resize(static_cast<size_t>(threads));
   }
-  void flush() { last_sum_ = sum_floats(buffer_.data<float>(), buffer_.view().numel(), isa_); }
+  // Reads the whole buffer; returns the bandwidth the read achieved, bytes per second.
+  double flush() {
+    const float* data = buffer_.data<float>();
+    const int64_t n = buffer_.view().numel();
+    const auto start = Clock::now();
+    pool_.parallel_chunks(n, [&](int64_t begin, int64_t end, int chunk) {
+      partial_[chunk] = sum_floats(data + begin, end - begin, isa_);
+    });
+    const double seconds = seconds_since(start);
+    last_sum_ = std::accumulate(partial_.begin(), partial_.end(), 0.0f);
+    return static_cast<double>(n) * 4.0 / seconds;
+  }
 
  private:
   SimdIsa isa_;
+  ThreadPool pool_;
   Tensor buffer_;
+  std::vector<float> partial_;
   volatile float last_sum_ = 0.0f;  // read by nobody; keeps the reads from being elided
 };
 
@@ -108,12 +125,13 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
     layer.forward(hidden, logits[w], output);
   }
   std::vector<double> seconds;
+  std::vector<double> read_bandwidth;
   std::vector<int> distinct;
   const Tensor* last_logits = nullptr;
   for (int r = 0; r < settings.repeats; ++r) {
     run.log.progress(fmt::format("{}: repeat {}/{}", label, r + 1, settings.repeats));
     last_logits = &logits[settings.warmup + r];
-    run.flusher.flush();
+    read_bandwidth.push_back(run.flusher.flush());
     output.fill_bytes(0xD5);  // a stale or unwritten output must not pass the check below
     const auto start = Clock::now();
     layer.forward(hidden, *last_logits, output, &routing);
@@ -139,8 +157,10 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
   result.timing = Timing::Of(seconds);
   result.distinct_experts = median_int(distinct);
   result.expected_distinct_experts = expected_distinct_experts(spec.n_experts, k, T);
-  result.roofline =
-      Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, run.machine);
+  Ceilings here = run.machine;
+  here.read_bytes_per_s = Timing::Of(read_bandwidth).median_s;
+  result.read_bytes_per_s = here.read_bytes_per_s;
+  result.roofline = Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, here);
   // Tokens are routed and computed independently, so the reference layer, planned for a few
   // tokens, checks the first rows of the last timed batch.
   const int64_t n = std::min(T, kCheckedTokens);
@@ -213,7 +233,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
       log.note(fmt::format("{}: {} random bf16 expert weights ({:.2f} GB) in {:.1f} s",
                            bench_case.name, count, 2e-9 * static_cast<double>(count),
                            setup_done(start)));
-      flusher.emplace(report.machine.isa, settings.flush_bytes);
+      flusher.emplace(report.machine.isa, settings.flush_bytes, threads);
     }
     LayerWeights given = source->view();
     QuantizedLayerWeights quantized;

@@ -57,7 +57,8 @@ struct CaseResult {
   Timing timing;
   int distinct_experts = 0;  // median over the timed repeats
   double expected_distinct_experts = 0.0;
-  Roofline roofline;
+  Roofline roofline;              // its bandwidth floor from read_bytes_per_s
+  double read_bytes_per_s = 0.0;  // median of the reads timed between this case's repeats
   double error = 0.0;  // relative L2 against the reference, on the first kCheckedTokens tokens
   bool ok = false;
 

@@ -167,6 +167,7 @@ TEST(BenchReport, JsonHasExactlyTheAgreedKeysInOrder) {
                                             "expected_distinct_experts",
                                             "bytes",
                                             "flops",
+                                            "read_bandwidth_gbs",
                                             "floor_ms",
                                             "floor_ratio",
                                             "gbs",

@@ -47,10 +47,11 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
   }
 }
 
-// The hardware prefetcher alone leaves the int4 stream waiting on memory: each 64-byte line
-// holds only 8 steps, so the kernel asks for lines this far ahead itself (past the panel's end
-// is the next panel of the range, or a harmless prefetch).
+// The hardware prefetcher alone leaves the stream waiting on memory, so the kernel asks for
+// every line it will read this far ahead itself (past the panel's end is the next panel of the
+// range, or a harmless prefetch).
 constexpr int64_t kPrefetchBytes = 2048;
+constexpr int64_t kCacheLine = 64;
 
 // One panel times M rows. U independent accumulator pairs per row keep enough FMA chains in
 // flight when M is small. Quantised dtypes accumulate the raw codes over one scale step and
@@ -76,8 +77,8 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
     }
     int64_t k = k0;
     for (; k + U <= k1; k += U) {
-      if constexpr (D == DType::i4) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + kPrefetchBytes),
+      for (int64_t line = 0; line < U * stride; line += kCacheLine) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + kPrefetchBytes + line),
                      _MM_HINT_T0);
       }
 #pragma GCC unroll 4
