@@ -306,8 +306,12 @@ void decide_runner_pipeline(Plan& plan) {
   plan.core_format = core->format;
   if (plan.runner == RunnerKind::cpu) {
     const CpuKernelChoice kernels = choose_cpu_kernels(plan.platform);
-    plan.decisions.push_back({PlanLayer::runner, "kernels", std::string(kernels.name),
-                              kernels.reason, {}, std::nullopt});
+    plan.decisions.push_back({PlanLayer::runner,
+                              "kernels",
+                              std::string(kernels.name),
+                              kernels.reason,
+                              {},
+                              std::nullopt});
   }
   if (const FusedOpEntry* fused = find_fused_op(options.a2a, plan.runner)) {
     if (options.fused_ops == FusedOps::off) {
