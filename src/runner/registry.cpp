@@ -36,14 +36,13 @@ const std::vector<PostPermuteEntry>& post_permute_table() {
 }
 
 CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
-  // Every CPU with AVX2 also has F16C, which the f16 kernels use; Platform does not probe it.
-  if (platform.avx2 && platform.fma) {
+  if (platform.avx2 && platform.fma && platform.f16c) {
     return {CpuKernels::avx2_panels, "avx2 panel16",
-            "AVX2+FMA: weights packed in panels of 16 rows at load, streamed for few rows, "
+            "AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for few rows, "
             "blocked GEMM for many"};
   }
   return {CpuKernels::portable, "portable",
-          "no AVX2+FMA on this platform: canonical weights widened a row at a time"};
+          "no AVX2+FMA+F16C on this platform: canonical weights widened a row at a time"};
 }
 
 const CoreEntry* find_core(RunnerKind kind) {

@@ -78,7 +78,7 @@ inline std::vector<float> random_rows(int64_t rows, int64_t cols, uint64_t seed)
 // This machine with the AVX2 kernels, or nothing when it lacks them.
 inline bool has_avx2() {
   const Platform p = Platform::probe();
-  return p.avx2 && p.fma;
+  return p.avx2 && p.fma && p.f16c;
 }
 
 }  // namespace moekit::test

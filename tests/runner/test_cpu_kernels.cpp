@@ -103,7 +103,7 @@ double abs_dot(const PanelMatrix& w, int64_t n, const float* x) {
 class StreamingKernel : public ::testing::TestWithParam<FormatShape> {
  protected:
   void SetUp() override {
-    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA";
+    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
   }
 };
 
@@ -178,7 +178,7 @@ std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
 class GroupedRows : public ::testing::TestWithParam<GroupCase> {
  protected:
   void SetUp() override {
-    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA";
+    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
   }
 };
 

@@ -25,6 +25,7 @@ Platform with_avx2() {
   Platform p = Platform::cpu_only(2);
   p.avx2 = true;
   p.fma = true;
+  p.f16c = true;
   return p;
 }
 
@@ -101,7 +102,7 @@ std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
 class Avx2Layer : public ::testing::TestWithParam<LayerCase> {
  protected:
   void SetUp() override {
-    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA";
+    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
   }
 };
 

@@ -16,6 +16,7 @@
 
 #include "moekit/dtype.hpp"
 #include "moekit/error.hpp"
+#include "moekit/platform.hpp"
 #include "runner/cpu/gemm.hpp"
 #include "runner/cpu/panels.hpp"
 
@@ -27,9 +28,8 @@ size_t sz(int64_t i) {
 }
 
 bool cpu_runs_gemm() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  const Platform p = Platform::probe();
+  return p.avx2 && p.fma && p.f16c;
 }
 
 // A packed [n, k] matrix and the value the format gives each of its weights.
