@@ -30,14 +30,6 @@ std::string ranges(const std::vector<int>& layers) {
   return text.empty() ? "none" : text;
 }
 
-int64_t stored_bytes(const QuantParams& format, int slots, int64_t hidden, int64_t intermediate) {
-  int64_t bytes = 0;
-  for (const TensorSpec& t : weight_tensors(format, slots, hidden, intermediate)) {
-    bytes += dtype_storage_bytes(t.dtype, t.shape.numel());
-  }
-  return bytes;
-}
-
 double mib(int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
@@ -80,9 +72,9 @@ int inspect(const InspectFlags& flags) {
   Options options = flags.plan.options();
   options.weights = checkpoint.format_for(first, flags.plan.requested_quant());
   const int64_t H = spec.hidden, I = spec.intermediate;
-  const int64_t expert = stored_bytes(stored, 1, H, I);
+  const int64_t expert = weight_bytes(stored, 1, H, I);
   const int64_t shared =
-      spec.n_shared > 0 ? stored_bytes(stored, spec.n_shared, H, spec.shared_intermediate) : 0;
+      spec.n_shared > 0 ? weight_bytes(stored, spec.n_shared, H, spec.shared_intermediate) : 0;
   const int per_rank = (spec.n_experts + ep - 1) / ep;
   const int64_t layer_bytes = expert * spec.n_experts + shared;
   const int64_t rank_bytes = expert * per_rank + shared;

@@ -5,30 +5,16 @@
 #include <vector>
 
 #include "moekit/error.hpp"
+#include "quant/quant_method.hpp"
 
 namespace moekit::bench {
-namespace {
-
-// One [rows, cols] matrix of `parts` parts, each with its own scale grid.
-int64_t matrix_bytes(const QuantParams& format, int64_t rows, int64_t cols, int parts) {
-  int64_t bytes = dtype_storage_bytes(format.weight_dtype, rows * cols);
-  if (format.quantized()) {
-    const int64_t scales = parts * format.scale_rows(rows / parts) * format.scale_cols(cols);
-    bytes += dtype_storage_bytes(format.scale_dtype, scales);
-    if (format.zero_points) bytes += dtype_storage_bytes(DType::i8, scales);
-  }
-  return bytes;
-}
-
-}  // namespace
 
 std::string_view bound_name(Bound bound) {
   return bound == Bound::memory ? "memory" : "compute";
 }
 
 int64_t expert_bytes(const QuantParams& format, int64_t hidden, int64_t intermediate) {
-  return matrix_bytes(format, 2 * intermediate, hidden, 2) +
-         matrix_bytes(format, hidden, intermediate, 1);
+  return weight_bytes(format, 1, hidden, intermediate);
 }
 
 double expected_distinct_experts(int experts, int top_k, int64_t tokens) {

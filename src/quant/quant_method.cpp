@@ -66,6 +66,14 @@ std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int
   return specs;
 }
 
+int64_t weight_bytes(const QuantParams& params, int slots, int64_t hidden, int64_t intermediate) {
+  int64_t bytes = 0;
+  for (const TensorSpec& t : weight_tensors(params, slots, hidden, intermediate)) {
+    bytes += dtype_storage_bytes(t.dtype, t.shape.numel());
+  }
+  return bytes;
+}
+
 Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string reason) {
   if (runner == RunnerKind::reference || runner == RunnerKind::cpu) {
     return Capability::Yes(std::move(reason));

@@ -50,6 +50,8 @@ struct TensorSpec {
 // the format name them; create_weights() allocates exactly these.
 std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int64_t hidden,
                                        int64_t intermediate);
+// The bytes of those tensors: weights, scales and zero points as stored.
+int64_t weight_bytes(const QuantParams& params, int slots, int64_t hidden, int64_t intermediate);
 
 // How a quant method stores the weights: as the format defines them (every core reads this),
 // or packed in panel16 for the cpu runner's AVX2 kernels (runner/cpu/panels.hpp).

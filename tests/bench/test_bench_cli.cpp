@@ -11,30 +11,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/run_moekit.hpp"
+
 namespace moekit {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_moekit(const std::string& args) {
-  const std::string command = "'" MOEKIT_BINARY_DIR "/tools/moekit' " + args + " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed for: " << command;
-    return result;
-  }
-  char buffer[4096];
-  size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    result.output.append(buffer, read);
-  const int status = pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
-}
+using RunResult = test::CommandResult;
+using test::run_moekit;
 
 bool contains(const std::string& text, const std::string& word) {
   return text.find(word) != std::string::npos;

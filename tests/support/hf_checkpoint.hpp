@@ -34,6 +34,7 @@
 #include "moekit/quant.hpp"
 #include "moekit/safetensors.hpp"
 #include "moekit/tensor.hpp"
+#include "support/run_moekit.hpp"
 
 namespace moekit::test {
 
@@ -457,31 +458,6 @@ class HfCheckpoint {
     add(down, H, inner);
   }
 };
-
-// The `moekit` binary run with `args` (passed to the shell as written): its exit code and what
-// it printed on stdout and stderr together.
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-  bool mentions(const std::string& text) const { return output.find(text) != std::string::npos; }
-};
-
-inline CommandResult run_moekit(const std::string& args) {
-  const std::string command = "'" MOEKIT_BINARY_DIR "/tools/moekit' " + args + " 2>&1";
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed for: " << command;
-    return result;
-  }
-  char buffer[4096];
-  size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    result.output.append(buffer, read);
-  const int status = pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
-}
 
 // A fresh directory named after the running test, removed with everything in it.
 class TestDir {
