@@ -20,6 +20,11 @@ struct Platform {
   bool fma = false;
   bool f16c = false;  // f16 <-> f32 conversion, which every AVX2 CPU also has
   bool avx512f = false;
+  // AVX-512 BF16 dot products (vdpbf16ps), with the AVX-512 F, BW, VL and DQ the kernels that
+  // use it are compiled for, and an OS that saves the zmm state.
+  bool avx512_bf16 = false;
+  // AVX-512 VNNI 16-bit dot products on 256-bit vectors (vpdpwssd with AVX-512 VL), likewise.
+  bool avx512_vnni = false;
   std::vector<GpuInfo> gpus;
   bool cuda_runtime = false;  // this build of moekit links a CUDA runtime
 

@@ -10,6 +10,48 @@
 
 namespace moekit {
 
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+
+// Asked of CPUID directly, as F16C is, so that g++ and clang builds give one answer whatever
+// their __builtin_cpu_supports knows of the feature (and of the runtime's feature table).
+// Whether the OS saves the zmm state, which AVX-512 instructions of any width need.
+bool os_saves_zmm() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  // SSE, AVX, opmask, upper halves of zmm0-15 and zmm16-31.
+  constexpr unsigned kZmmState = 0xE6;
+  return (xcr0_lo & kZmmState) == kZmmState;
+}
+
+bool probe_avx512_vnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!os_saves_zmm() || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ebx & bit_AVX512F) != 0 && (ebx & bit_AVX512VL) != 0 && (ecx & bit_AVX512VNNI) != 0;
+}
+
+bool probe_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  // SSE, AVX, opmask, upper halves of zmm0-15 and zmm16-31: the OS saves them all.
+  constexpr unsigned kZmmState = 0xE6;
+  if ((xcr0_lo & kZmmState) != kZmmState) return false;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const unsigned max_subleaf = eax;
+  const bool base = (ebx & bit_AVX512F) != 0 && (ebx & bit_AVX512BW) != 0 &&
+                    (ebx & bit_AVX512VL) != 0 && (ebx & bit_AVX512DQ) != 0;
+  if (!base || max_subleaf < 1) return false;
+  __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx);
+  return (eax & bit_AVX512BF16) != 0;  // leaf 7 subleaf 1, EAX bit 5
+}
+
+}  // namespace
+#endif
+
 Platform Platform::probe() {
   Platform platform;
   platform.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -21,6 +63,8 @@ Platform Platform::probe() {
   // clang's __builtin_cpu_supports has no "f16c"; CPUID leaf 1 says it in ECX.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   platform.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  platform.avx512_bf16 = probe_avx512_bf16();
+  platform.avx512_vnni = probe_avx512_vnni();
 #endif
   // This build links no CUDA runtime, so it cannot see or use a GPU; the GPU runners that would
   // need one are not built either, and resolve() says so.
@@ -40,6 +84,8 @@ std::string Platform::summary() const {
   if (fma) text += ", FMA";
   if (f16c) text += ", F16C";
   if (avx512f) text += ", AVX-512F";
+  if (avx512_bf16) text += ", AVX-512 BF16";
+  if (avx512_vnni) text += ", AVX-512 VNNI";
   if (!cuda_runtime) return text + "; no CUDA runtime in this build";
   if (gpus.empty()) return text + "; no GPU";
   for (const GpuInfo& gpu : gpus) {

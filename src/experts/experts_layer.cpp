@@ -10,7 +10,11 @@ namespace {
 // kernels the plan chose for its platform.
 ExpertsProblem runner_problem(const Plan& plan, ExpertsProblem problem) {
   problem.quant = plan.quant;
-  if (plan.runner == RunnerKind::cpu) problem.kernels = choose_cpu_kernels(plan.platform).kernels;
+  if (plan.runner == RunnerKind::cpu) {
+    problem.kernels = choose_cpu_kernels(plan.platform).kernels;
+    problem.avx512_vnni = plan.platform.avx512_vnni;
+    problem.avx512_bf16 = plan.platform.avx512_bf16;
+  }
   return problem;
 }
 

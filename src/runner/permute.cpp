@@ -61,7 +61,8 @@ class GroupByExpert final : public PrePermute {
     });
     batch.standard = &input;
     batch.combined = combined;
-    batch.contiguous = {a.rows, a.row_out, a.offsets[p_.slots], a.offsets, a.row_of_entry};
+    batch.contiguous = {a.rows,    a.row_out,      a.offsets[p_.slots],
+                        a.offsets, a.row_of_entry, input.hidden.dtype};
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "runner/registry.hpp"
 
+#include <fmt/format.h>
+
 namespace moekit {
 
 const std::vector<CoreEntry>& core_table() {
@@ -38,8 +40,10 @@ const std::vector<PostPermuteEntry>& post_permute_table() {
 CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
   if (platform.avx2 && platform.fma && platform.f16c) {
     return {CpuKernels::avx2_panels, "avx2 panel16",
-            "AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for few rows, "
-            "blocked GEMM for many"};
+            fmt::format("AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for "
+                        "few rows, blocked GEMM for many; int4 streamed against bf16/f16 "
+                        "activations takes them as int16 per group, 16-bit dot products ({})",
+                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddwd")};
   }
   return {CpuKernels::portable, "portable",
           "no AVX2+FMA+F16C on this platform: canonical weights widened a row at a time"};

@@ -30,6 +30,9 @@ struct ExpertsProblem {
   int64_t max_tokens = 0;  // largest batch
   int threads = 1;
   CpuKernels kernels = CpuKernels::portable;
+  // Extensions of the plan's platform the avx2 panel kernels may also use.
+  bool avx512_vnni = false;
+  bool avx512_bf16 = false;
   QuantParams quant{};  // the weight format, for the scratch its kernels need
 
   int64_t max_rows() const { return max_tokens * columns; }
@@ -74,6 +77,7 @@ struct ContiguousRows {
   int64_t n_rows = 0;
   const int64_t* offsets = nullptr;       // [slots + 1]
   const int32_t* row_of_entry = nullptr;  // [T * columns]: the row of entry (t, j), or -1
+  DType activations = DType::f32;         // the dtype the rows came in as (see cpu::GroupedRows)
 };
 
 // A batch in a core's format. Standard: the core reads `standard` and writes the weighted sum

@@ -142,6 +142,60 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
 INSTANTIATE_TEST_SUITE_P(Formats, StreamingKernel, ::testing::ValuesIn(format_shapes()),
                          format_shape_name);
 
+// The int16 kernel's dot product instructions this CPU has: pmaddwd always (AVX2), vpdpwssd
+// where AVX-512 VNNI is present.
+std::vector<cpu::Int16Dot> int16_dots() {
+  if (Platform::probe().avx512_vnni) return {cpu::Int16Dot::pmaddwd, cpu::Int16Dot::vnni};
+  return {cpu::Int16Dot::pmaddwd};
+}
+
+// int4 weights times rows quantised to int16: against a double loop over the same packed values
+// and the dequantised q * scale, for every row count, K = H and K = I, with and without zero
+// points; and within the quantisation's own error of the unquantised rows.
+TEST_P(StreamingKernel, Int16RowsMatchADoubleLoopOverTheirDequantisedValues) {
+  const auto& [format, shape] = GetParam();
+  if (format.params.weight_dtype != DType::i4) GTEST_SKIP() << "int16 rows meet int4 weights only";
+  ASSERT_TRUE(cpu::int16_decode(format.params, shape.hidden, shape.intermediate, DType::bf16));
+  const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
+  const CoreWeights packed = w.packed.apply();
+  for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
+    const int64_t steps = m.scale_steps();
+    const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
+    std::vector<int16_t> q(x.size());
+    std::vector<float> scale(cpu::kStreamRows * steps), sums(scale.size());
+    for (int r = 0; r < cpu::kStreamRows; ++r) {
+      cpu::quantize_int16(x.data() + r * m.k, m.k, m.group_k, q.data() + r * m.k,
+                          scale.data() + r * steps, sums.data() + r * steps);
+    }
+    for (int rows = 1; rows <= cpu::kStreamRows; ++rows) {
+      cpu::Int16Rows in;
+      in.m = rows;
+      for (int r = 0; r < rows; ++r) {
+        in.q[r] = q.data() + r * m.k;
+        in.scale[r] = scale.data() + r * steps;
+        in.sums[r] = sums.data() + r * steps;
+      }
+      const int64_t ldy = m.panels() * cpu::kPanelRows;
+      for (const cpu::Int16Dot dot : int16_dots()) {
+        std::vector<float> y(rows * ldy, std::numeric_limits<float>::quiet_NaN());
+        cpu::stream_panels_int16(m, 0, m.panels(), in, y.data(), ldy, dot);
+        for (int r = 0; r < rows; ++r) {
+          std::vector<float> dequantised(m.k);
+          for (int64_t k = 0; k < m.k; ++k) {
+            dequantised[k] = static_cast<float>(in.q[r][k]) * in.scale[r][k / m.group_k];
+          }
+          for (int64_t n = 0; n < ldy; ++n) {
+            const double bound = abs_dot(m, n, &x[r * m.k]);
+            ASSERT_NEAR(y[r * ldy + n], naive_dot(m, n, dequantised.data()), 1e-6 * bound + 1e-30)
+                << "rows " << rows << " row " << r << " n " << n << " K " << m.k;
+            ASSERT_NEAR(y[r * ldy + n], naive_dot(m, n, &x[r * m.k]), 1e-4 * bound + 1e-30);
+          }
+        }
+      }
+    }
+  }
+}
+
 // The grouped path: rows for one expert from 1 to 8 (streamed, in passes of up to four rows)
 // and 20 (the GEMM), with another expert's rows and an idle expert around them, each row's
 // result weighted into a token row.
@@ -149,6 +203,7 @@ struct GroupCase {
   KernelFormat format;
   Activation activation;
   int64_t rows;
+  DType activations = DType::f32;  // bf16: int4 decode takes int16 rows
 };
 
 std::vector<GroupCase> group_cases() {
@@ -158,6 +213,9 @@ std::vector<GroupCase> group_cases() {
     if (f.params.quantizes_activations()) continue;
     for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 20}) {
       cases.push_back({f, Activation::SiluGated(), rows});
+      if (f.params.weight_dtype == DType::i4) {
+        cases.push_back({f, Activation::SiluGated(), rows, DType::bf16});
+      }
     }
   }
   for (const Activation& a : {Activation::GeluGated(), Activation::SwigluOai()}) {
@@ -172,7 +230,8 @@ std::string group_case_name(const ::testing::TestParamInfo<GroupCase>& info) {
   const char* activation = c.activation.kind == ActivationKind::silu_gated   ? "silu"
                            : c.activation.kind == ActivationKind::gelu_gated ? "gelu"
                                                                              : "swiglu_oai";
-  return fmt::format("{}_{}_rows{}", c.format.name, activation, c.rows);
+  return fmt::format("{}_{}_rows{}_{}", c.format.name, activation, c.rows,
+                     dtype_name(c.activations));
 }
 
 class GroupedRows : public ::testing::TestWithParam<GroupCase> {
@@ -189,6 +248,7 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
   const int64_t n_rows = c.rows + 2;
   ExpertsProblem problem{H, I, c.activation, slots, 1, n_rows, 2};
   problem.kernels = CpuKernels::avx2_panels;
+  problem.avx512_vnni = Platform::probe().avx512_vnni;
   problem.quant = c.format.params;
   const TwoLayouts w(c.format.params, slots, H, I, 13);
   const CoreWeights packed = w.packed.apply();
@@ -207,7 +267,8 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
   std::vector<std::byte> scratch(moe.scratch_bytes() + kScratchAlignment);
   void* aligned = reinterpret_cast<void*>(scratch_align(reinterpret_cast<int64_t>(scratch.data())));
   ThreadPool pool(2);
-  moe.run({x.data(), n_rows, offsets.data(), out_row.data(), weight.data(), out.data(), tokens},
+  moe.run({x.data(), n_rows, offsets.data(), out_row.data(), weight.data(), out.data(), tokens,
+           c.activations},
           packed, aligned, pool);
 
   std::vector<double> want(tokens * H, 0.0), bound(tokens * H, 0.0);
@@ -229,13 +290,74 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
       }
     }
   }
+  // int16 rows carry up to 2^-16 of each step's largest magnitude as error, in both GEMMs.
+  const double relative = c.activations == DType::f32 ? 1e-4 : 1e-3;
   for (int64_t i = 0; i < tokens * H; ++i) {
-    ASSERT_NEAR(out[i], want[i], 1e-4 * bound[i] + 1e-30)
+    ASSERT_NEAR(out[i], want[i], relative * bound[i] + 1e-30)
         << "token " << i / H << " column " << i % H;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GroupedRows, ::testing::ValuesIn(group_cases()), group_case_name);
+
+struct Int16Case {
+  const char* name;
+  std::vector<float> x;
+  int64_t group_k;
+};
+
+// quantize_int16 per step: the largest magnitude becomes +-32767, every value is within half a
+// step of scale of x, the sums are the sums of q; zeros give scale 0, NaN or infinity a NaN
+// scale (so the outputs the row reaches are NaN, not a number made up).
+TEST(QuantizeInt16, KeepsEveryValueWithinHalfAStepAndFlagsNonFinite) {
+  if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> ramp(40);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = 0.37f * static_cast<float>(i) - 5.1f;
+  const Int16Case cases[] = {
+      {"ramp, steps of 16 and a partial last", ramp, 16},
+      {"one step, odd tail", {1.5f, -3.0f, 0.25f, 2.0f, 7.0f}, 8},
+      {"zeros", std::vector<float>(12, 0.0f), 4},
+      {"nan", {1.0f, kNan, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f}, 10},
+      {"infinity in the tail", {1.0f, 2.0f, std::numeric_limits<float>::infinity()}, 4},
+  };
+  for (const Int16Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto k = static_cast<int64_t>(c.x.size());
+    const int64_t steps = (k + c.group_k - 1) / c.group_k;
+    std::vector<int16_t> q(c.x.size(), 12345);
+    std::vector<float> scale(steps, -1.0f), sums(steps, -1.0f);
+    cpu::quantize_int16(c.x.data(), k, c.group_k, q.data(), scale.data(), sums.data());
+    for (int64_t g = 0; g < steps; ++g) {
+      const int64_t k0 = g * c.group_k, k1 = std::min(k, k0 + c.group_k);
+      bool finite = true;
+      float top = 0.0f;
+      int64_t sum = 0;
+      for (int64_t i = k0; i < k1; ++i) {
+        finite = finite && std::isfinite(c.x[i]);
+        top = std::max(top, std::fabs(c.x[i]));
+        sum += q[i];
+      }
+      if (!finite) {
+        EXPECT_TRUE(std::isnan(scale[g])) << "step " << g;
+        continue;
+      }
+      EXPECT_EQ(sums[g], static_cast<float>(sum)) << "step " << g;
+      if (top == 0.0f) {
+        EXPECT_EQ(scale[g], 0.0f);
+        for (int64_t i = k0; i < k1; ++i) EXPECT_EQ(q[i], 0);
+        continue;
+      }
+      EXPECT_FLOAT_EQ(scale[g], top / 32767.0f);
+      int16_t largest = 0;
+      for (int64_t i = k0; i < k1; ++i) {
+        EXPECT_LE(std::fabs(q[i] * scale[g] - c.x[i]), 0.5001 * scale[g]) << "x[" << i << "]";
+        largest = std::max<int16_t>(largest, static_cast<int16_t>(std::abs(q[i])));
+      }
+      EXPECT_EQ(largest, 32767);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace moekit::test

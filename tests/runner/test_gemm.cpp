@@ -131,8 +131,8 @@ TestPanels random_panels(DType dtype, int64_t n, int64_t k, int64_t group_k, boo
         }
         default: {
           const int code = nibble(rng);
-          uint8_t& packed = panel[col * (kPanelRows / 2) + j % 8];
-          packed = static_cast<uint8_t>(packed | (j < 8 ? code : code << 4));
+          const Int4Location at = int4_location(col, static_cast<int>(j));
+          panel[at.byte] = static_cast<uint8_t>(panel[at.byte] | code << at.shift);
           const double offset = symmetric ? kSymmetricOffset : t.offset[grid];
           value = (code - offset) * t.scale[grid];
           break;
@@ -180,8 +180,10 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f8e4m3, DType::i4}) {
     for (const Shape& s : shapes) {
+      // int4 packs two values per byte along K, so its K is even (K % 4 == 2: a partial block).
+      const int64_t k = dtype == DType::i4 && s.k % 2 != 0 ? s.k + 1 : s.k;
       for (const int64_t m : {1, 2, 5, 6, 7, 31, 64}) {
-        out.push_back({dtype, m, s.k, s.n, s.group_k, s.p_begin, s.p_end});
+        out.push_back({dtype, m, k, s.n, s.group_k, s.p_begin, s.p_end});
       }
     }
     // More rows than one A block holds.
@@ -190,9 +192,11 @@ std::vector<Case> cases() {
   // Symmetric int4 stores no offsets: every row's offset is 8.
   for (const Shape& s : shapes) {
     for (const int64_t m : {1, 7}) {
-      out.push_back({DType::i4, m, s.k, s.n, s.group_k, s.p_begin, s.p_end, true});
+      out.push_back({DType::i4, m, s.k + s.k % 2, s.n, s.group_k, s.p_begin, s.p_end, true});
     }
   }
+  // int4 groups that end in the middle of a block of 4 k.
+  for (const int64_t m : {1, 7}) out.push_back({DType::i4, m, 90, 20, 30, 0, 2});
   return out;
 }
 

@@ -142,7 +142,7 @@ class PanelCore final : public RunnerCore {
       own.weight[r] = 1.0f;
     }
     const cpu::GroupedRows grouped{rows.rows,  rows.n_rows,  rows.offsets, own.out_row,
-                                   own.weight, rows.row_out, rows.n_rows};
+                                   own.weight, rows.row_out, rows.n_rows,  rows.activations};
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
   }
 

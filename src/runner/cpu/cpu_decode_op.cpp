@@ -128,8 +128,8 @@ class PanelFusedOp final : public FusedOp {
         kernels::activation_row(input.hidden, own.out_row[r], own.x + r * width);
       }
     });
-    const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets, own.out_row,
-                                   own.weight, combined, input.tokens};
+    const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets,  own.out_row,
+                                   own.weight, combined, input.tokens, input.hidden.dtype};
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
   }
 

@@ -22,6 +22,7 @@
 
 #include "moekit/error.hpp"
 #include "moekit/platform.hpp"
+#include "runner/cpu/int4_avx2.hpp"
 
 #define MOEKIT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MOEKIT_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -240,29 +241,29 @@ MOEKIT_AVX2 void widen_e4m3(const PanelMatrix& w, int64_t p, int64_t k0, int64_t
 
 // Widens steps [k0, k0 + kc) of panel p of an int4 matrix into out[kc][16] as
 // (code - offset) * scale; code - offset is a small integer, exact in f32, so each weight is
-// rounded once, as the format defines it.
+// rounded once, as the format defines it. K, k0 and the groups are even, so the range is whole
+// k pairs and a pair never straddles two groups.
 MOEKIT_AVX2 void widen_int4(const PanelMatrix& w, int64_t p, int64_t k0, int64_t kc, float* out) {
-  const uint8_t* codes = w.panel(p) + k0 * (kPanelRows / 2);
+  const uint8_t* panel = w.panel(p);
   const float* scales = w.panel_scale(p);
   const float* offsets = w.offset == nullptr ? nullptr : w.panel_offset(p);
-  const __m256i nibble = _mm256_set1_epi32(0xF);
-  for (int64_t k = 0; k < kc;) {
-    const int64_t g = (k0 + k) / w.group_k;
-    const int64_t end = std::min(kc, (g + 1) * w.group_k - k0);
+  for (int64_t k = 0; k < kc; k += 2) {
+    const int64_t at = k0 + k;
+    const int64_t g = at / w.group_k;
     const __m256 s_lo = _mm256_loadu_ps(scales + g * kPanelRows);
     const __m256 s_hi = _mm256_loadu_ps(scales + g * kPanelRows + 8);
     const __m256 o_lo = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
                                            : _mm256_loadu_ps(offsets + g * kPanelRows);
     const __m256 o_hi = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
                                            : _mm256_loadu_ps(offsets + g * kPanelRows + 8);
-    for (; k < end; ++k) {
-      const __m256i bytes = _mm256_cvtepu8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k * (kPanelRows / 2))));
-      const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, nibble));
-      const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
-      _mm256_storeu_ps(out + k * kPanelRows, _mm256_mul_ps(_mm256_sub_ps(lo, o_lo), s_lo));
-      _mm256_storeu_ps(out + k * kPanelRows + 8, _mm256_mul_ps(_mm256_sub_ps(hi, o_hi), s_hi));
-    }
+    const __m256i block = load_int4_block(panel, at);
+    const Int4PairF32 v =
+        widen_int4_pair(at % kInt4BlockK == 0 ? int4_pair<0>(block) : int4_pair<1>(block));
+    float* step = out + k * kPanelRows;
+    _mm256_storeu_ps(step, _mm256_mul_ps(_mm256_sub_ps(v.low0, o_lo), s_lo));
+    _mm256_storeu_ps(step + 8, _mm256_mul_ps(_mm256_sub_ps(v.high0, o_hi), s_hi));
+    _mm256_storeu_ps(step + 16, _mm256_mul_ps(_mm256_sub_ps(v.low1, o_lo), s_lo));
+    _mm256_storeu_ps(step + 24, _mm256_mul_ps(_mm256_sub_ps(v.high1, o_hi), s_hi));
   }
 }
 
@@ -296,6 +297,11 @@ void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& 
   if (d == DType::f8e4m3 || d == DType::i4) {
     require(w.group_k > 0 && w.scale != nullptr,
             "gemm_panels: {} weights need a scale grid (group_k {})", dtype_name(d), w.group_k);
+  }
+  if (d == DType::i4) {
+    require(w.k % 2 == 0 && w.group_k % 2 == 0,
+            "gemm_panels: int4 weights need an even K and group (got K {}, group {})", w.k,
+            w.group_k);
   }
 }
 

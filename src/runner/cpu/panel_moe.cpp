@@ -34,6 +34,22 @@ int64_t int4_steps(const QuantParams& q, int64_t k) {
 
 }  // namespace
 
+// A worker's int16 copies of the rows it streams (int16_decode): kStreamMaxRows rows of q, and
+// of their per-step scales and sums.
+struct Int16Scratch {
+  int16_t* q = nullptr;
+  float* scale = nullptr;
+  float* sums = nullptr;
+};
+
+// Where one kernel call of a worker writes and what scratch it has.
+struct CallScratch {
+  float* y;
+  int64_t tile_columns;
+  float* work;
+  Int16Scratch int16;
+};
+
 void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
               const std::function<void(int64_t, int64_t)>& body) {
   if (elements < kSerialElements) {
@@ -54,12 +70,25 @@ struct PanelMoe::Worker {
   // GEMM's [kGemmRows, tile_columns()], which it fills at the columns of the panels it computes.
   float* y;
   float* work;  // the GEMM's scratch
+  Int16Scratch int16;
 };
+
+bool int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate, DType activations) {
+  if (q.weight_dtype != DType::i4 || activations == DType::f32) return false;
+  for (const int64_t k : {hidden, intermediate}) {
+    const int64_t group = q.block_cols == 0 ? k : q.block_cols;
+    if (k % kInt4BlockK != 0 || group % kInt4BlockK != 0 || group > kInt16MaxStep) return false;
+  }
+  return true;
+}
 
 PanelMoe::PanelMoe(const ExpertsProblem& problem)
     : problem_(problem),
       hidden_steps_(int4_steps(problem.quant, problem.hidden)),
-      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)) {
+      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)),
+      // Whether the kernels can; each call then asks its rows' dtype.
+      int16_decode_(
+          int16_decode(problem.quant, problem.hidden, problem.intermediate, DType::bf16)) {
   ScratchCarver shared;
   carve_shared(shared);
   shared_bytes_ = shared.bytes();
@@ -81,10 +110,31 @@ int64_t PanelMoe::tile_columns() const {
 }
 
 PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
-  return {
+  const int64_t widest = std::max(problem_.hidden, problem_.intermediate);
+  Worker w{
       carver.take<float>(std::max<int64_t>(kStreamRows, std::min(kGemmRows, problem_.max_rows())) *
                          tile_columns()),
-      carver.take<float>(gemm_scratch_floats(std::max(problem_.hidden, problem_.intermediate)))};
+      carver.take<float>(gemm_scratch_floats(widest)),
+      {}};
+  if (int16_decode_) {
+    const int64_t steps = std::max(hidden_steps_, intermediate_steps_);
+    w.int16 = {carver.take<int16_t>(kStreamMaxRows * widest),
+               carver.take<float>(kStreamMaxRows * steps),
+               carver.take<float>(kStreamMaxRows * steps)};
+  }
+  return w;
+}
+
+bool PanelMoe::int16_inputs(const GroupedRows& rows) const {
+  return int16_decode_ && rows.activations != DType::f32;
+}
+
+Int16Dot PanelMoe::int16_dot() const {
+  return problem_.avx512_vnni ? Int16Dot::vnni : Int16Dot::pmaddwd;
+}
+
+CallScratch PanelMoe::call_scratch(const Worker& w) const {
+  return {w.y, tile_columns(), w.work, w.int16};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -152,34 +202,67 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
 
 namespace {
 
+// The inputs of one multiply: rows of x (row stride ldx), with their int4 step sums (`steps`
+// per row, 0 for other formats), and whether streamed rows go through int16 (int16_decode).
+struct Inputs {
+  const float* x;
+  int64_t ldx;
+  const float* sums;
+  int64_t steps;
+  bool int16;
+  Int16Dot dot;
+};
+
 // Calls done(first row, rows, first panel, end panel, y, ldy) after each kernel call that
-// computed rows [r0, r1) of inputs x (row stride ldx) times panels [p0, p1) of m: the result of
-// row r and column 16 * first panel + c is at y[(r - first row) * ldy + c].
+// computed rows [r0, r1) of the inputs times panels [p0, p1) of m: the result of row r and
+// column 16 * first panel + c is at y[(r - first row) * ldy + c].
 template <typename Done>
-void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const float* x, int64_t ldx,
-              const float* sums, int64_t steps, int64_t r0, int64_t r1, float* y,
-              int64_t tile_columns, float* work, Done done) {
+void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, int64_t r0,
+              int64_t r1, const CallScratch& scratch, Done done) {
   const bool gemm = use_gemm(r1 - r0);
   const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
+  const int64_t q_steps = m.scale_steps();
+  if (!gemm && in.int16) {
+    // Once per worker and slot: the rows then meet every panel of the worker's share.
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r - r0;
+      quantize_int16(in.x + r * in.ldx, m.k, m.group_k, scratch.int16.q + i * m.k,
+                     scratch.int16.scale + i * q_steps, scratch.int16.sums + i * q_steps);
+    }
+  }
   for (int64_t pc = p0; pc < p1; pc += chunk) {
     const int64_t pe = std::min(p1, pc + chunk);
     if (gemm) {
       for (int64_t rc = r0; rc < r1; rc += kGemmRows) {
         const int64_t mr = std::min(kGemmRows, r1 - rc);
-        gemm_panels(x + rc * ldx, ldx, mr, m, pc, pe, y, tile_columns, work);
-        done(rc, mr, pc, pe, y + pc * kPanelRows, tile_columns);
+        gemm_panels(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y, scratch.tile_columns,
+                    scratch.work);
+        done(rc, mr, pc, pe, scratch.y + pc * kPanelRows, scratch.tile_columns);
       }
-    } else {
-      for (int64_t rc = r0; rc < r1; rc += kStreamRows) {
-        StreamRows in;
-        in.m = static_cast<int>(std::min<int64_t>(kStreamRows, r1 - rc));
-        for (int i = 0; i < in.m; ++i) {
-          in.x[i] = x + (rc + i) * ldx;
-          if (steps > 0) in.x_sums[i] = sums + (rc + i) * steps;
+      continue;
+    }
+    for (int64_t rc = r0; rc < r1; rc += kStreamRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kStreamRows, r1 - rc));
+      if (in.int16) {
+        Int16Rows q;
+        q.m = rows;
+        for (int i = 0; i < rows; ++i) {
+          const int64_t at = rc - r0 + i;
+          q.q[i] = scratch.int16.q + at * m.k;
+          q.scale[i] = scratch.int16.scale + at * q_steps;
+          q.sums[i] = scratch.int16.sums + at * q_steps;
         }
-        stream_panels(m, pc, pe, in, y, kChunkColumns);
-        done(rc, in.m, pc, pe, y, kChunkColumns);
+        stream_panels_int16(m, pc, pe, q, scratch.y, kChunkColumns, in.dot);
+      } else {
+        StreamRows x;
+        x.m = rows;
+        for (int i = 0; i < rows; ++i) {
+          x.x[i] = in.x + (rc + i) * in.ldx;
+          if (in.steps > 0) x.x_sums[i] = in.sums + (rc + i) * in.steps;
+        }
+        stream_panels(m, pc, pe, x, scratch.y, kChunkColumns);
       }
+      done(rc, rows, pc, pe, scratch.y, kChunkColumns);
     }
   }
 }
@@ -197,8 +280,9 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(weights.w13_panels.slot(slot), p0, p1, rows.x, H, s.x_sums, hidden_steps_, r0, r1, w.y,
-             tile_columns(), w.work,
+    multiply(weights.w13_panels.slot(slot), p0, p1,
+             {rows.x, H, s.x_sums, hidden_steps_, int16_inputs(rows), int16_dot()}, r0, r1,
+             call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
                for (int64_t r = 0; r < mr; ++r) {
@@ -233,8 +317,9 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(weights.w2_panels.slot(slot), p0, p1, s.act, I, s.act_sums, intermediate_steps_, r0,
-             r1, w.y, tile_columns(), w.work,
+    multiply(weights.w2_panels.slot(slot), p0, p1,
+             {s.act, I, s.act_sums, intermediate_steps_, int16_inputs(rows), int16_dot()}, r0, r1,
+             call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                const int64_t n0 = pc * kPanelRows;
                const int64_t n = std::min(H, pe * kPanelRows) - n0;

@@ -13,10 +13,13 @@
 #include <cstdint>
 
 #include "core/thread_pool.hpp"
+#include "runner/cpu/stream.hpp"
 #include "runner/runner_core.hpp"
 #include "runner/scratch.hpp"
 
 namespace moekit::cpu {
+
+struct CallScratch;
 
 // The streaming kernel serves up to kStreamRows rows per pass over a panel and re-reads the
 // panel from cache for more; the GEMM widens a block of panels once into scratch and runs
@@ -26,6 +29,15 @@ inline constexpr int64_t kStreamMaxRows = 8;
 inline bool use_gemm(int64_t rows) {
   return rows > kStreamMaxRows;
 }
+
+// Whether streamed rows of int4 weights are quantised to int16 per scale step and multiplied
+// with 16-bit integer dot products (stream_panels_int16): two to three times the rate of
+// widening every code to f32, which is what lets decode keep up with the memory. An activation
+// then carries an error of at most 2^-16 of its step's largest magnitude, far below bf16's or
+// f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as bf16
+// or f16 take it; f32 activations keep f32 arithmetic. The kernel also needs K and the groups
+// in whole int4 blocks and groups short enough for exact int32 sums.
+bool int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate, DType activations);
 
 // One batch of rows grouped by slot. Row r belongs to the slot s with offsets[s] <= r <
 // offsets[s + 1]; its result is multiplied by weight[r] and added to row out_row[r] of `out`.
@@ -37,6 +49,9 @@ struct GroupedRows {
   const float* weight = nullptr;     // [n_rows]
   float* out = nullptr;              // [out_rows, H]: set to the sum, whatever it held
   int64_t out_rows = 0;
+  // The dtype the layer's activations came in as: bf16 or f16 let the kernels compute at a
+  // precision that is still finer than that dtype's (int16_decode), f32 keeps f32 throughout.
+  DType activations = DType::f32;
 };
 
 class PanelMoe {
@@ -64,10 +79,14 @@ class PanelMoe {
 
   // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
   int64_t tile_columns() const;
+  bool int16_inputs(const GroupedRows& rows) const;
+  Int16Dot int16_dot() const;
+  CallScratch call_scratch(const Worker& w) const;
 
   ExpertsProblem problem_;
   int64_t hidden_steps_ = 0;        // int4: scale steps along H (GEMM1's K)
   int64_t intermediate_steps_ = 0;  // and along I (GEMM2's K)
+  bool int16_decode_ = false;
   int64_t shared_bytes_ = 0;
   int64_t worker_bytes_ = 0;
 };

@@ -21,14 +21,13 @@ void copy_row(const StoredMatrices& m, int64_t slot, int64_t row, uint8_t* panel
   const int64_t first = (slot * m.weight.dim(1) + row) * K;
   const auto* src = static_cast<const uint8_t*>(m.weight.data);
   if (m.weight.dtype == DType::i4) {
-    const int shift = j < kHalfPanel ? 0 : 4;
-    uint8_t* out = panel + j % kHalfPanel;
-    for (int64_t k = 0; k < K; ++k, out += stride) {
+    for (int64_t k = 0; k < K; ++k) {
       const int64_t index = first + k;
       const uint8_t byte = src[index / 2];
       // The signed nibble q becomes the code q + 8, which flips its top bit.
       const int code = ((index % 2 == 0 ? byte : byte >> 4) & 0xF) ^ 8;
-      *out = static_cast<uint8_t>(*out | code << shift);
+      const Int4Location at = int4_location(k, j);
+      panel[at.byte] = static_cast<uint8_t>(panel[at.byte] | code << at.shift);
     }
     return;
   }
@@ -140,8 +139,8 @@ float panel_value(const PanelMatrix& w, int64_t n, int64_t k) {
     case DType::f8e4m3:
       return e4m3_values()[step[j]] * w.panel_scale(p)[scale_at];
     case DType::i4: {
-      const uint8_t byte = step[j % kHalfPanel];
-      const int code = j < kHalfPanel ? byte & 0xF : byte >> 4;
+      const Int4Location at = int4_location(k, j);
+      const int code = w.panel(p)[at.byte] >> at.shift & 0xF;
       const float offset = w.offset == nullptr ? kSymmetricOffset : w.panel_offset(p)[scale_at];
       return (static_cast<float>(code) - offset) * w.panel_scale(p)[scale_at];
     }

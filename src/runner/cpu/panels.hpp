@@ -11,8 +11,14 @@
 //   bf16  16 x 2 bytes, row j at element j
 //   f16   16 x 2 bytes, row j at element j
 //   e4m3  16 bytes, row j at byte j
-//   int4  8 bytes; byte j holds row j in its low nibble and row j + 8 in its high nibble, each
-//         as the unsigned code u = q + 8 (q the signed nibble in [-8, 7])
+//   int4  8 bytes per k, stored in blocks of 4 k (32 bytes), each value as the unsigned code
+//         u = q + 8 (q the signed nibble in [-8, 7]). The block is 16 little-endian 16-bit
+//         lanes; lane 2 (j % 8) + (k % 2) holds, in its nibbles from the lowest, row j of k
+//         pair 0 (k % 4 < 2) for j < 8, then j >= 8, then pair 1 for j < 8, then j >= 8
+//         (int4_location). So four shift-and-masks of one 32-byte load give four vectors of
+//         16-bit codes, each 8 rows x 2 adjacent k: what a 16-bit integer dot product
+//         (pmaddwd) multiplies by a pair of activations, and what a float kernel widens with
+//         one more mask or shift. K is padded to a multiple of 4 with zero codes.
 //
 // Quantised panels carry one scale step every `group_k` values of k (group_k = K when the scale
 // covers the whole row), each step 16 f32 values, one per row:
@@ -46,6 +52,22 @@ inline constexpr int kPanelRows = 16;
 inline constexpr int kHalfPanel = kPanelRows / 2;
 // The int4 offset of every row of a matrix without zero points (PanelMatrix::offset null).
 inline constexpr float kSymmetricOffset = 8.0f;
+// Values of k per int4 block: one 32-byte load of a panel.
+inline constexpr int64_t kInt4BlockK = 4;
+inline constexpr int64_t kInt4BlockBytes = kInt4BlockK * kPanelRows / 2;
+
+// Where the int4 code of row j (< 16) of a panel at k sits: byte `byte` of the panel, bits
+// [shift, shift + 4).
+struct Int4Location {
+  int64_t byte;
+  int shift;
+};
+inline Int4Location int4_location(int64_t k, int j) {
+  const int64_t block = k / kInt4BlockK;
+  const int64_t pair = k % kInt4BlockK / 2;
+  const int64_t lane = 2 * (j % kHalfPanel) + k % 2;
+  return {block * kInt4BlockBytes + 2 * lane + pair, j < kHalfPanel ? 0 : 4};
+}
 
 // One packed matrix [N, K] of one expert.
 struct PanelMatrix {
@@ -60,7 +82,11 @@ struct PanelMatrix {
   int64_t panels() const { return (n + kPanelRows - 1) / kPanelRows; }
   int64_t scale_steps() const { return group_k == 0 ? 0 : (k + group_k - 1) / group_k; }
   int64_t step_bytes() const { return dtype_storage_bytes(dtype, kPanelRows); }
-  int64_t panel_bytes() const { return step_bytes() * k; }
+  // Steps stored per panel: K, rounded up to whole int4 blocks.
+  int64_t stored_k() const {
+    return dtype == DType::i4 ? (k + kInt4BlockK - 1) / kInt4BlockK * kInt4BlockK : k;
+  }
+  int64_t panel_bytes() const { return step_bytes() * stored_k(); }
   const uint8_t* panel(int64_t p) const { return data + p * panel_bytes(); }
   const float* panel_scale(int64_t p) const { return scale + p * scale_steps() * kPanelRows; }
   const float* panel_offset(int64_t p) const { return offset + p * scale_steps() * kPanelRows; }

@@ -24,6 +24,36 @@ struct StreamRows {
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
                    float* y, int64_t ldy);
 
+// Rows quantised to int16 (quantize_int16) for int4 weights: q ~ x / scale per scale step of
+// the weights, with each step's scale and the sum of its q.
+struct Int16Rows {
+  int m = 0;
+  const int16_t* q[kStreamRows] = {};
+  const float* scale[kStreamRows] = {};
+  const float* sums[kStreamRows] = {};
+};
+
+// The largest int16 code, and the longest scale step whose int32 sums of code x activation
+// cannot overflow (2048 x 15 x 32767 < 2^31).
+inline constexpr float kInt16Max = 32767.0f;
+inline constexpr int64_t kInt16MaxStep = 2048;
+
+// The instruction of the int16 kernel's dot products: pmaddwd + add (AVX2), or vpdpwssd (AVX-512
+// VNNI, one instruction).
+enum class Int16Dot { pmaddwd, vnni };
+
+// As stream_panels for int4 weights and int16 rows: y = sum_k w(n, k) * q[k] * scale[step],
+// with 16-bit integer dot products. Needs K and group_k multiples of kInt4BlockK, group_k at
+// most kInt16MaxStep, and `dot` on this CPU (Errc::internal otherwise).
+void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
+                         const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot);
+
+// Quantises x [k] per step of group_k values: scale = max |x| / 32767, q = x / scale rounded to
+// nearest, and the sum of q per step. A step of zeros has scale 0; a step holding NaN or an
+// infinity gets a NaN scale, so the rows it reaches come out NaN.
+void quantize_int16(const float* x, int64_t k, int64_t group_k, int16_t* q, float* scales,
+                    float* sums);
+
 // sums[g] = the sum of x over scale step g of a K of k in steps of group_k: int4 panels
 // subtract their offsets through these (sum (u - o) x s = s (sum u x - o sum x)), so the
 // kernel's inner loop never touches the offsets.

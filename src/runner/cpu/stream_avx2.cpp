@@ -3,12 +3,25 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "moekit/error.hpp"
+#include "moekit/platform.hpp"
+#include "runner/cpu/int4_avx2.hpp"
 #include "runner/cpu/stream.hpp"
+#include "runner/cpu/stream_int16.hpp"
 
 namespace moekit::cpu {
 namespace {
+
+// pmaddwd and an add: the AVX2 form of a 16-bit dot product step (stream_int16.hpp).
+struct MaddDot {
+  static __m256i dot(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  }
+};
 
 // One panel step widened to f32: rows 0-7 in lo, rows 8-15 in hi.
 template <DType D>
@@ -27,7 +40,8 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
   } else if constexpr (D == DType::f16) {
     lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
     hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16)));
-  } else if constexpr (D == DType::f8e4m3) {
+  } else {
+    static_assert(D == DType::f8e4m3, "int4 panels have kernels of their own");
     // Exponent and mantissa move to the f32 fields (bits 20-26 to 23-30 after the 2^120 bias
     // multiply, which also turns e4m3 subnormals into the right normal f32); the sign to bit 31.
     const auto one = [](__m256i v) {
@@ -39,11 +53,6 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
     };
     lo = one(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(step))));
     hi = one(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(step + 8))));
-  } else {
-    static_assert(D == DType::i4);
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(step)));
-    lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
-    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
   }
 }
 
@@ -54,11 +63,11 @@ constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kCacheLine = 64;
 
 // One panel times M rows. U independent accumulator pairs per row keep enough FMA chains in
-// flight when M is small. Quantised dtypes accumulate the raw codes over one scale step and
-// apply the step's scale (and offset, through the row's step sum) once per row per step.
+// flight when M is small. e4m3 accumulates the raw codes over one scale step and applies the
+// step's scale once per row per step.
 template <DType D, int M, int U>
 void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float* y, int64_t ldy) {
-  constexpr bool kQuantized = D == DType::f8e4m3 || D == DType::i4;
+  constexpr bool kQuantized = D == DType::f8e4m3;
   const int64_t K = w.k;
   const int64_t stride = w.step_bytes();
   const uint8_t* panel = w.panel(p);
@@ -113,24 +122,88 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
       }
       if constexpr (kQuantized) {
         const float* scale = w.panel_scale(p) + g * kPanelRows;
-        if constexpr (D == DType::i4) {
-          const __m256 sum = _mm256_broadcast_ss(rows.x_sums[r] + g);
-          __m256 offset_lo = _mm256_set1_ps(kSymmetricOffset);
-          __m256 offset_hi = offset_lo;
-          if (w.offset != nullptr) {
-            const float* offset = w.panel_offset(p) + g * kPanelRows;
-            offset_lo = _mm256_loadu_ps(offset);
-            offset_hi = _mm256_loadu_ps(offset + kHalfPanel);
-          }
-          lo = _mm256_fnmadd_ps(offset_lo, sum, lo);
-          hi = _mm256_fnmadd_ps(offset_hi, sum, hi);
-        }
         out_lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale), lo, out_lo[r]);
         out_hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale + kHalfPanel), hi, out_hi[r]);
       } else {
         out_lo[r] = lo;
         out_hi[r] = hi;
       }
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_ps(y + r * ldy, out_lo[r]);
+    _mm256_storeu_ps(y + r * ldy + kHalfPanel, out_hi[r]);
+  }
+}
+
+// The int4 kernels run over whole k pairs (K and the groups are even) and, where they can,
+// whole blocks of 4 k (one 32-byte load, int4_avx2.hpp).
+template <typename Pair>
+inline void for_int4_pairs(const uint8_t* panel, int64_t k0, int64_t k1, Pair pair) {
+  int64_t k = k0;
+  if (k % kInt4BlockK != 0 && k < k1) {
+    pair(int4_pair<1>(load_int4_block(panel, k)), k);
+    k += 2;
+  }
+  for (; k + kInt4BlockK <= k1; k += kInt4BlockK) {
+    _mm_prefetch(
+        reinterpret_cast<const char*>(panel + k / kInt4BlockK * kInt4BlockBytes + kPrefetchBytes),
+        _MM_HINT_T0);
+    const __m256i block = load_int4_block(panel, k);
+    pair(int4_pair<0>(block), k);
+    pair(int4_pair<1>(block), k + 2);
+  }
+  if (k < k1) pair(int4_pair<0>(load_int4_block(panel, k)), k);
+}
+
+// int4 times f32 rows: each pair's codes are widened to f32 and multiplied into every row; the
+// step's offset (through the row's step sum) and scale are applied once per row per step. One
+// row keeps the pair's two k in separate sums, for enough FMA chains in flight.
+template <int M>
+void int4_panel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float* y, int64_t ldy) {
+  constexpr int kSets = M == 1 ? 2 : 1;
+  const uint8_t* panel = w.panel(p);
+  __m256 out_lo[M], out_hi[M];
+  for (int r = 0; r < M; ++r) out_lo[r] = out_hi[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.scale_steps(); ++g) {
+    const int64_t k0 = g * w.group_k;
+    const int64_t k1 = std::min(w.k, k0 + w.group_k);
+    __m256 lo[kSets][M], hi[kSets][M];
+#pragma GCC unroll 8
+    for (int i = 0; i < kSets * M; ++i) {
+      lo[i / M][i % M] = hi[i / M][i % M] = _mm256_setzero_ps();
+    }
+    for_int4_pairs(panel, k0, k1, [&](const Int4Pair& codes, int64_t k) {
+      const Int4PairF32 v = widen_int4_pair(codes);
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) {
+        const __m256 x0 = _mm256_broadcast_ss(rows.x[r] + k);
+        const __m256 x1 = _mm256_broadcast_ss(rows.x[r] + k + 1);
+        lo[0][r] = _mm256_fmadd_ps(v.low0, x0, lo[0][r]);
+        hi[0][r] = _mm256_fmadd_ps(v.high0, x0, hi[0][r]);
+        lo[kSets - 1][r] = _mm256_fmadd_ps(v.low1, x1, lo[kSets - 1][r]);
+        hi[kSets - 1][r] = _mm256_fmadd_ps(v.high1, x1, hi[kSets - 1][r]);
+      }
+    });
+    const float* scale = w.panel_scale(p) + g * kPanelRows;
+    __m256 offset_lo = _mm256_set1_ps(kSymmetricOffset);
+    __m256 offset_hi = offset_lo;
+    if (w.offset != nullptr) {
+      offset_lo = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows);
+      offset_hi = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows + kHalfPanel);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) {
+      __m256 l = lo[0][r], h = hi[0][r];
+      if constexpr (kSets == 2) {
+        l = _mm256_add_ps(l, lo[1][r]);
+        h = _mm256_add_ps(h, hi[1][r]);
+      }
+      const __m256 sum = _mm256_broadcast_ss(rows.x_sums[r] + g);
+      l = _mm256_fnmadd_ps(offset_lo, sum, l);
+      h = _mm256_fnmadd_ps(offset_hi, sum, h);
+      out_lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale), l, out_lo[r]);
+      out_hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale + kHalfPanel), h, out_hi[r]);
     }
   }
   for (int r = 0; r < M; ++r) {
@@ -152,18 +225,15 @@ void panels_m(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Stream
 template <DType D>
 void panels_dtype(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
                   float* y, int64_t ldy) {
-  switch (rows.m) {
-    case 1:
-      return panels_m<D, 1>(w, p_begin, p_end, rows, y, ldy);
-    case 2:
-      return panels_m<D, 2>(w, p_begin, p_end, rows, y, ldy);
-    case 3:
-      return panels_m<D, 3>(w, p_begin, p_end, rows, y, ldy);
-    case 4:
-      return panels_m<D, 4>(w, p_begin, p_end, rows, y, ldy);
-    default:
-      fail(Errc::internal, "stream_panels serves 1 to {} rows, got {}", kStreamRows, rows.m);
-  }
+  for_row_count(rows.m, [&]<int M>() {
+    if constexpr (D == DType::i4) {
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        int4_panel<M>(w, p, rows, y + (p - p_begin) * kPanelRows, ldy);
+      }
+    } else {
+      panels_m<D, M>(w, p_begin, p_end, rows, y, ldy);
+    }
+  });
 }
 
 }  // namespace
@@ -198,6 +268,85 @@ void step_sums(const float* x, int64_t k, int64_t group_k, float* sums) {
     for (float lane : lanes) sum += lane;
     for (; i < k1; ++i) sum += x[i];
     sums[g] = sum;
+  }
+}
+
+void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
+                         const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot) {
+  if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
+      w.group_k > kInt16MaxStep) {
+    fail(Errc::internal,
+         "stream_panels_int16 needs int4 weights in whole blocks per step of at most {} (got {} "
+         "with K {}, group {})",
+         kInt16MaxStep, dtype_name(w.dtype), w.k, w.group_k);
+  }
+  if (rows.m < 1 || rows.m > kStreamRows) {
+    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows.m);
+  }
+  if (dot == Int16Dot::pmaddwd) return stream_int16<MaddDot>(w, p_begin, p_end, rows, y, ldy);
+  // Without the instructions the kernel would die on SIGILL; an error names the caller's bug.
+  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
+  if (!cpu_has_vnni) fail(Errc::internal, "stream_panels_int16: this CPU has no AVX-512 VNNI");
+  stream_panels_int16_vnni(w, p_begin, p_end, rows, y, ldy);
+}
+
+void quantize_int16(const float* x, int64_t k, int64_t group_k, int16_t* q, float* scales,
+                    float* sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t g = 0, k0 = 0; k0 < k; ++g, k0 += group_k) {
+    const int64_t k1 = std::min(k, k0 + group_k);
+    // The largest magnitude, and x * 0 summed: NaN where any x is NaN or infinite.
+    __m256 top = _mm256_setzero_ps();
+    __m256 nonfinite = _mm256_setzero_ps();
+    int64_t i = k0;
+    for (; i + 8 <= k1; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
+      nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(v, _mm256_setzero_ps()));
+    }
+    alignas(32) float lanes[8], checks[8];
+    _mm256_store_ps(lanes, top);
+    _mm256_store_ps(checks, nonfinite);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < 8; ++j) {
+      amax = std::max(amax, lanes[j]);
+      finite = finite && checks[j] == 0.0f;
+    }
+    for (int64_t t = i; t < k1; ++t) {
+      amax = std::max(amax, std::fabs(x[t]));
+      finite = finite && std::isfinite(x[t]);
+    }
+    if (!finite || amax == 0.0f) {
+      // A NaN scale makes every output the row reaches NaN, as f32 arithmetic would.
+      scales[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      sums[g] = 0.0f;
+      std::fill(q + k0, q + k1, int16_t{0});
+      continue;
+    }
+    const float inverse = kInt16Max / amax;
+    const __m256 times = _mm256_set1_ps(inverse);
+    __m256i total = _mm256_setzero_si256();
+    i = k0;
+    for (; i + 16 <= k1; i += 16) {
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), times));
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), times));
+      total = _mm256_add_epi32(total, _mm256_add_epi32(a, b));
+      // packs works within 128-bit lanes; the permute puts a's 8 values before b's.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), packed);
+    }
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), total);
+    int64_t sum = 0;
+    for (int32_t part : parts) sum += part;
+    for (; i < k1; ++i) {
+      const auto value = static_cast<int16_t>(std::nearbyint(x[i] * inverse));
+      q[i] = value;
+      sum += value;
+    }
+    scales[g] = amax / kInt16Max;
+    sums[g] = static_cast<float>(sum);
   }
 }
 

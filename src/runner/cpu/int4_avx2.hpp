@@ -1,0 +1,47 @@
+#pragma once
+// Reading panel16 int4 blocks (panels.hpp) in AVX2 registers, for the kernels of files compiled
+// for AVX2 or more. Everything here has internal linkage: files compiled for different
+// instruction sets each get their own copy, so the linker never hands an AVX-512 build of a
+// function to code that runs on a machine without AVX-512.
+
+#include <immintrin.h>
+
+#include "runner/cpu/panels.hpp"
+
+namespace moekit::cpu {
+namespace {
+
+// The int4 block of a panel that holds k.
+inline __m256i load_int4_block(const uint8_t* panel, int64_t k) {
+  return _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(panel + k / kInt4BlockK * kInt4BlockBytes));
+}
+
+// The codes of one k pair (0: k % 4 < 2, 1: the others) of a block as 16-bit integers: 32-bit
+// lane r of `low` holds row r's codes at the pair's first k (low half) and second k (high
+// half), `high` the same for row r + 8.
+struct Int4Pair {
+  __m256i low;
+  __m256i high;
+};
+template <int kPair>
+inline Int4Pair int4_pair(__m256i block) {
+  const __m256i nibble = _mm256_set1_epi16(0xF);
+  return {_mm256_and_si256(_mm256_srli_epi16(block, 8 * kPair), nibble),
+          _mm256_and_si256(_mm256_srli_epi16(block, 8 * kPair + 4), nibble)};
+}
+
+// A pair's codes as f32: rows 0-7 and 8-15 at its first k, then at its second k.
+struct Int4PairF32 {
+  __m256 low0, high0, low1, high1;
+};
+inline Int4PairF32 widen_int4_pair(const Int4Pair& pair) {
+  const __m256i first = _mm256_set1_epi32(0xFFFF);
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(pair.low, first)),
+          _mm256_cvtepi32_ps(_mm256_and_si256(pair.high, first)),
+          _mm256_cvtepi32_ps(_mm256_srli_epi32(pair.low, 16)),
+          _mm256_cvtepi32_ps(_mm256_srli_epi32(pair.high, 16))};
+}
+
+}  // namespace
+}  // namespace moekit::cpu
