@@ -13,8 +13,9 @@ namespace moekit {
 #if defined(__x86_64__) || defined(__i386__)
 namespace {
 
-// Asked of CPUID directly, as F16C is, so that g++ and clang builds give one answer whatever
-// their __builtin_cpu_supports knows of the feature (and of the runtime's feature table).
+// The AVX-512 features are asked of CPUID directly, as F16C is, so that g++ and clang builds
+// give one answer whatever their __builtin_cpu_supports knows of them.
+
 // Whether the OS saves the zmm state, which AVX-512 instructions of any width need.
 bool os_saves_zmm() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -34,13 +35,7 @@ bool probe_avx512_vnni() {
 
 bool probe_avx512_bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;
-  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  // SSE, AVX, opmask, upper halves of zmm0-15 and zmm16-31: the OS saves them all.
-  constexpr unsigned kZmmState = 0xE6;
-  if ((xcr0_lo & kZmmState) != kZmmState) return false;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  if (!os_saves_zmm() || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
   const unsigned max_subleaf = eax;
   const bool base = (ebx & bit_AVX512F) != 0 && (ebx & bit_AVX512BW) != 0 &&
                     (ebx & bit_AVX512VL) != 0 && (ebx & bit_AVX512DQ) != 0;

@@ -42,8 +42,12 @@ CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
     return {CpuKernels::avx2_panels, "avx2 panel16",
             fmt::format("AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for "
                         "few rows, blocked GEMM for many; int4 streamed against bf16/f16 "
-                        "activations takes them as int16 per group, 16-bit dot products ({})",
-                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddwd")};
+                        "activations takes them as int16 per group, 16-bit dot products ({}); "
+                        "bf16 weights against bf16 activations: {}",
+                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddwd",
+                        platform.avx512_bf16 ? "the GEMM rounds its inputs to bf16 and runs "
+                                               "AVX-512 BF16 dot products"
+                                             : "the f32 GEMM (no AVX-512 BF16)")};
   }
   return {CpuKernels::portable, "portable",
           "no AVX2+FMA+F16C on this platform: canonical weights widened a row at a time"};

@@ -155,7 +155,7 @@ std::vector<cpu::Int16Dot> int16_dots() {
 TEST_P(StreamingKernel, Int16RowsMatchADoubleLoopOverTheirDequantisedValues) {
   const auto& [format, shape] = GetParam();
   if (format.params.weight_dtype != DType::i4) GTEST_SKIP() << "int16 rows meet int4 weights only";
-  ASSERT_TRUE(cpu::int16_decode(format.params, shape.hidden, shape.intermediate, DType::bf16));
+  ASSERT_TRUE(cpu::use_int16_decode(format.params, shape.hidden, shape.intermediate, DType::bf16));
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
   for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
@@ -203,7 +203,8 @@ struct GroupCase {
   KernelFormat format;
   Activation activation;
   int64_t rows;
-  DType activations = DType::f32;  // bf16: int4 decode takes int16 rows
+  // bf16: int4 decode takes int16 rows, and bf16 weights the AVX-512 BF16 GEMM where present.
+  DType activations = DType::f32;
 };
 
 std::vector<GroupCase> group_cases() {
@@ -213,7 +214,8 @@ std::vector<GroupCase> group_cases() {
     if (f.params.quantizes_activations()) continue;
     for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 20}) {
       cases.push_back({f, Activation::SiluGated(), rows});
-      if (f.params.weight_dtype == DType::i4) {
+      const DType w = f.params.weight_dtype;
+      if (w == DType::i4 || (w == DType::bf16 && (rows == 3 || rows == 20))) {
         cases.push_back({f, Activation::SiluGated(), rows, DType::bf16});
       }
     }
@@ -249,6 +251,7 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
   ExpertsProblem problem{H, I, c.activation, slots, 1, n_rows, 2};
   problem.kernels = CpuKernels::avx2_panels;
   problem.avx512_vnni = Platform::probe().avx512_vnni;
+  problem.avx512_bf16 = Platform::probe().avx512_bf16;
   problem.quant = c.format.params;
   const TwoLayouts w(c.format.params, slots, H, I, 13);
   const CoreWeights packed = w.packed.apply();
@@ -290,8 +293,11 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
       }
     }
   }
-  // int16 rows carry up to 2^-16 of each step's largest magnitude as error, in both GEMMs.
-  const double relative = c.activations == DType::f32 ? 1e-4 : 1e-3;
+  // int16 rows carry up to 2^-16 of each step's largest magnitude as error, in both GEMMs; bf16
+  // rounding up to 2^-9 of each input.
+  const double relative = c.activations == DType::f32                   ? 1e-4
+                          : c.format.params.weight_dtype == DType::bf16 ? 1e-2
+                                                                        : 1e-3;
   for (int64_t i = 0; i < tokens * H; ++i) {
     ASSERT_NEAR(out[i], want[i], relative * bound[i] + 1e-30)
         << "token " << i / H << " column " << i % H;

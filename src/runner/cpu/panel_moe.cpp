@@ -5,6 +5,7 @@
 #include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
 #include "runner/cpu/gemm.hpp"
+#include "runner/cpu/gemm_bf16.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/kernels.hpp"
 
@@ -34,7 +35,7 @@ int64_t int4_steps(const QuantParams& q, int64_t k) {
 
 }  // namespace
 
-// A worker's int16 copies of the rows it streams (int16_decode): kStreamMaxRows rows of q, and
+// A worker's int16 copies of the rows it streams (use_int16_decode): kStreamMaxRows rows of q, and
 // of their per-step scales and sums.
 struct Int16Scratch {
   int16_t* q = nullptr;
@@ -48,6 +49,7 @@ struct CallScratch {
   int64_t tile_columns;
   float* work;
   Int16Scratch int16;
+  void* bf16_work;
 };
 
 void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
@@ -71,9 +73,11 @@ struct PanelMoe::Worker {
   float* y;
   float* work;  // the GEMM's scratch
   Int16Scratch int16;
+  void* bf16_work = nullptr;  // gemm_panels_bf16's scratch
 };
 
-bool int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate, DType activations) {
+bool use_int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate,
+                      DType activations) {
   if (q.weight_dtype != DType::i4 || activations == DType::f32) return false;
   for (const int64_t k : {hidden, intermediate}) {
     const int64_t group = q.block_cols == 0 ? k : q.block_cols;
@@ -82,13 +86,17 @@ bool int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate, DT
   return true;
 }
 
+bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16) {
+  return avx512_bf16 && q.weight_dtype == DType::bf16 && activations == DType::bf16;
+}
+
 PanelMoe::PanelMoe(const ExpertsProblem& problem)
     : problem_(problem),
       hidden_steps_(int4_steps(problem.quant, problem.hidden)),
       intermediate_steps_(int4_steps(problem.quant, problem.intermediate)),
       // Whether the kernels can; each call then asks its rows' dtype.
       int16_decode_(
-          int16_decode(problem.quant, problem.hidden, problem.intermediate, DType::bf16)) {
+          use_int16_decode(problem.quant, problem.hidden, problem.intermediate, DType::bf16)) {
   ScratchCarver shared;
   carve_shared(shared);
   shared_bytes_ = shared.bytes();
@@ -122,6 +130,9 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
                carver.take<float>(kStreamMaxRows * steps),
                carver.take<float>(kStreamMaxRows * steps)};
   }
+  if (use_bf16_gemm(problem_.quant, DType::bf16, problem_.avx512_bf16)) {
+    w.bf16_work = carver.take<std::byte>(gemm_bf16_scratch_bytes(widest));
+  }
   return w;
 }
 
@@ -129,12 +140,16 @@ bool PanelMoe::int16_inputs(const GroupedRows& rows) const {
   return int16_decode_ && rows.activations != DType::f32;
 }
 
+bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
+  return use_bf16_gemm(problem_.quant, rows.activations, problem_.avx512_bf16);
+}
+
 Int16Dot PanelMoe::int16_dot() const {
   return problem_.avx512_vnni ? Int16Dot::vnni : Int16Dot::pmaddwd;
 }
 
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
-  return {w.y, tile_columns(), w.work, w.int16};
+  return {w.y, tile_columns(), w.work, w.int16, w.bf16_work};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -203,7 +218,7 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
 namespace {
 
 // The inputs of one multiply: rows of x (row stride ldx), with their int4 step sums (`steps`
-// per row, 0 for other formats), and whether streamed rows go through int16 (int16_decode).
+// per row, 0 for other formats), and whether streamed rows go through int16 (use_int16_decode).
 struct Inputs {
   const float* x;
   int64_t ldx;
@@ -211,6 +226,7 @@ struct Inputs {
   int64_t steps;
   bool int16;
   Int16Dot dot;
+  bool bf16;  // GEMM rows take gemm_panels_bf16 (use_bf16_gemm)
 };
 
 // Calls done(first row, rows, first panel, end panel, y, ldy) after each kernel call that
@@ -235,8 +251,13 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
     if (gemm) {
       for (int64_t rc = r0; rc < r1; rc += kGemmRows) {
         const int64_t mr = std::min(kGemmRows, r1 - rc);
-        gemm_panels(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y, scratch.tile_columns,
-                    scratch.work);
+        if (in.bf16) {
+          gemm_panels_bf16(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y,
+                           scratch.tile_columns, scratch.bf16_work);
+        } else {
+          gemm_panels(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y, scratch.tile_columns,
+                      scratch.work);
+        }
         done(rc, mr, pc, pe, scratch.y + pc * kPanelRows, scratch.tile_columns);
       }
       continue;
@@ -280,23 +301,24 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(weights.w13_panels.slot(slot), p0, p1,
-             {rows.x, H, s.x_sums, hidden_steps_, int16_inputs(rows), int16_dot()}, r0, r1,
-             call_scratch(w),
-             [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
-               // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
-               for (int64_t r = 0; r < mr; ++r) {
-                 float* act = s.act + (rc + r) * I;
-                 const float* y = tile + r * ldy;
-                 for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
-                   const int64_t i0 = p * kHalfPanel;
-                   const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
-                   for (int64_t j = 0; j < n; ++j) {
-                     act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
-                   }
-                 }
-               }
-             });
+    multiply(
+        weights.w13_panels.slot(slot), p0, p1,
+        {rows.x, H, s.x_sums, hidden_steps_, int16_inputs(rows), int16_dot(), bf16_inputs(rows)},
+        r0, r1, call_scratch(w),
+        [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
+          // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+          for (int64_t r = 0; r < mr; ++r) {
+            float* act = s.act + (rc + r) * I;
+            const float* y = tile + r * ldy;
+            for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
+              const int64_t i0 = p * kHalfPanel;
+              const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
+              for (int64_t j = 0; j < n; ++j) {
+                act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
+              }
+            }
+          }
+        });
   }
 }
 
@@ -318,8 +340,9 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
     multiply(weights.w2_panels.slot(slot), p0, p1,
-             {s.act, I, s.act_sums, intermediate_steps_, int16_inputs(rows), int16_dot()}, r0, r1,
-             call_scratch(w),
+             {s.act, I, s.act_sums, intermediate_steps_, int16_inputs(rows), int16_dot(),
+              bf16_inputs(rows)},
+             r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                const int64_t n0 = pc * kPanelRows;
                const int64_t n = std::min(H, pe * kPanelRows) - n0;

@@ -37,7 +37,14 @@ inline bool use_gemm(int64_t rows) {
 // f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as bf16
 // or f16 take it; f32 activations keep f32 arithmetic. The kernel also needs K and the groups
 // in whole int4 blocks and groups short enough for exact int32 sums.
-bool int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate, DType activations);
+bool use_int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate,
+                      DType activations);
+
+// Whether GEMM rows of bf16 weights take the AVX-512 BF16 GEMM (gemm_panels_bf16), twice the
+// multiply-adds per cycle of the f32 FMA GEMM. It rounds the GEMM's inputs to bf16, which is
+// what the model's own bf16 matmuls do to activations that came in as bf16; f16 (finer than
+// bf16) and f32 activations keep the f32 GEMM.
+bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16);
 
 // One batch of rows grouped by slot. Row r belongs to the slot s with offsets[s] <= r <
 // offsets[s + 1]; its result is multiplied by weight[r] and added to row out_row[r] of `out`.
@@ -50,7 +57,7 @@ struct GroupedRows {
   float* out = nullptr;              // [out_rows, H]: set to the sum, whatever it held
   int64_t out_rows = 0;
   // The dtype the layer's activations came in as: bf16 or f16 let the kernels compute at a
-  // precision that is still finer than that dtype's (int16_decode), f32 keeps f32 throughout.
+  // precision that is still finer than that dtype's (use_int16_decode), f32 keeps f32 throughout.
   DType activations = DType::f32;
 };
 
@@ -80,6 +87,7 @@ class PanelMoe {
   // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
   int64_t tile_columns() const;
   bool int16_inputs(const GroupedRows& rows) const;
+  bool bf16_inputs(const GroupedRows& rows) const;
   Int16Dot int16_dot() const;
   CallScratch call_scratch(const Worker& w) const;
 
