@@ -26,9 +26,10 @@ struct FormatShape {
   KernelShape shape;
 };
 
-std::vector<FormatShape> format_shapes() {
+std::vector<FormatShape> format_shapes(bool int4_only = false) {
   std::vector<FormatShape> cases;
   for (const KernelFormat& f : kernel_formats()) {
+    if (int4_only && f.params.weight_dtype != DType::i4) continue;
     for (const KernelShape& s : kernel_shapes()) cases.push_back({f, s});
   }
   return cases;
@@ -152,9 +153,10 @@ std::vector<cpu::Int16Dot> int16_dots() {
 // int4 weights times rows quantised to int16: against a double loop over the same packed values
 // and the dequantised q * scale, for every row count, K = H and K = I, with and without zero
 // points; and within the quantisation's own error of the unquantised rows.
-TEST_P(StreamingKernel, Int16RowsMatchADoubleLoopOverTheirDequantisedValues) {
+class Int16StreamingKernel : public StreamingKernel {};
+
+TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   const auto& [format, shape] = GetParam();
-  if (format.params.weight_dtype != DType::i4) GTEST_SKIP() << "int16 rows meet int4 weights only";
   ASSERT_TRUE(cpu::use_int16_decode(format.params, shape.hidden, shape.intermediate, DType::bf16));
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
@@ -195,6 +197,9 @@ TEST_P(StreamingKernel, Int16RowsMatchADoubleLoopOverTheirDequantisedValues) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Int4Formats, Int16StreamingKernel,
+                         ::testing::ValuesIn(format_shapes(/*int4_only=*/true)), format_shape_name);
 
 // The grouped path: rows for one expert from 1 to 8 (streamed, in passes of up to four rows)
 // and 20 (the GEMM), with another expert's rows and an idle expert around them, each row's
