@@ -80,12 +80,19 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
       }
     };
     int64_t k = k0;
-    for (; k + 2 * kInt4BlockK <= k1; k += 2 * kInt4BlockK, codes += 2 * kInt4BlockBytes) {
+    if constexpr (kSets == 2) {
+      for (; k + 2 * kInt4BlockK <= k1; k += 2 * kInt4BlockK, codes += 2 * kInt4BlockBytes) {
+        _mm_prefetch(reinterpret_cast<const char*>(codes + kInt16PrefetchBytes), _MM_HINT_T0);
+        block(codes, k, 0);
+        block(codes + kInt4BlockBytes, k + kInt4BlockK, 1);
+      }
+    }
+    // Three or four rows: one block per step, since two in flight need more than the 16 vector
+    // registers (the compiler spills the sums).
+    for (; k < k1; k += kInt4BlockK, codes += kInt4BlockBytes) {
       _mm_prefetch(reinterpret_cast<const char*>(codes + kInt16PrefetchBytes), _MM_HINT_T0);
       block(codes, k, 0);
-      block(codes + kInt4BlockBytes, k + kInt4BlockK, kSets - 1);
     }
-    if (k < k1) block(codes, k, 0);
     const float* scale = w.panel_scale(p) + g * kPanelRows;
     const __m256 scale_lo = _mm256_loadu_ps(scale);
     const __m256 scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
