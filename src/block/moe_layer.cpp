@@ -196,6 +196,7 @@ class MoeLayer::Impl {
     }
     if (routing != nullptr) check_routing_result(*routing, T);
     if (T == 0) return;
+    pool_.wake();  // the workers wake up while this thread checks and routes
     if (plan_.options.check_finite) check_finite_rows(hidden, "hidden_states", finite_row_);
 
     router_->select(logits, plan_.options.check_finite, logical_ids_.data(),

@@ -1,7 +1,10 @@
 #pragma once
 // A fixed pool of worker threads for data-parallel loops. Workers are created once; a parallel
 // loop allocates nothing. One loop runs at a time per pool (callers on other threads wait).
+// Between loops workers spin for a while (kSpin in thread_pool.cpp) before they sleep, so the
+// loops of one forward do not each pay a thread's wake-up.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -28,6 +31,10 @@ class ThreadPool {
   // As parallel_for, and tells each chunk its index in [0, size()), so a chunk can use
   // per-thread scratch memory declared up front.
   void parallel_chunks(int64_t n, const std::function<void(int64_t, int64_t, int)>& body);
+  // Wakes sleeping workers so that they are spinning, ready, when a loop starts shortly after:
+  // a caller that will run loops calls it before its serial work, and the workers' wake-up
+  // overlaps that work instead of delaying the first loop.
+  void wake();
 
  private:
   void worker_loop(int worker);
@@ -41,9 +48,10 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t, int)>* body_ = nullptr;
   int64_t n_ = 0;
   int chunks_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_ = 0;          // workers still in the current loop
+  std::atomic<uint64_t> generation_ = 0;  // loops started
+  std::atomic<bool> stop_ = false;
+  uint64_t wakes_ = 0;  // wake() calls, under mutex_
   std::exception_ptr error_;
 };
 

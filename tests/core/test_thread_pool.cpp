@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <ostream>
@@ -154,6 +155,23 @@ TEST(ThreadPoolSize, NonPositiveThreadsAreRefused) {
 
 TEST(ThreadPoolSize, PositiveThreadsIsTheSize) {
   for (int threads : {1, 2, 3, 4}) EXPECT_EQ(ThreadPool(threads).size(), threads);
+}
+
+// wake() only readies the workers: loops after it, right away or after the workers went back to
+// sleep, still visit every index once; and a pool can be destroyed while its workers spin.
+TEST(ThreadPoolWake, LoopsAfterAWakeStillCoverEveryIndexOnce) {
+  for (const int threads : {1, 2, 4}) {
+    SCOPED_TRACE(threads);
+    ThreadPool pool(threads);
+    pool.wake();
+    EXPECT_EQ(visit_counts(pool, 100), std::vector<int>(100, 1));
+    pool.wake();
+    pool.wake();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past the workers' spin
+    EXPECT_EQ(visit_counts(pool, 37), std::vector<int>(37, 1));
+  }
+  ThreadPool spinning(3);
+  spinning.wake();
 }
 
 TEST(ThreadPoolConcurrency, LoopsFromSeveralCallerThreadsEachCoverTheirRange) {

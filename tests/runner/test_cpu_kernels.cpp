@@ -201,6 +201,46 @@ TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
 INSTANTIATE_TEST_SUITE_P(Int4Formats, Int16StreamingKernel,
                          ::testing::ValuesIn(format_shapes(/*int4_only=*/true)), format_shape_name);
 
+struct KernelChoiceCase {
+  const char* name;
+  QuantParams format;
+  int64_t hidden;
+  int64_t intermediate;
+  DType activations;
+  bool avx512_bf16;
+  bool int16_decode;
+  bool bf16_gemm;
+};
+
+// Which rows may take the kernels that compute below f32: only activations that came in as
+// bf16 or f16, and only shapes the int16 kernel can sum exactly.
+TEST(KernelChoice, FollowsTheActivationsDtypeAndTheShape) {
+  const QuantParams int4 = QuantParams::Int4Group(128, DType::bf16, false);
+  const QuantParams bf16 = QuantParams::Unquantized(WeightFormat::bf16);
+  const KernelChoiceCase cases[] = {
+      {"int4, bf16 activations", int4, 2048, 768, DType::bf16, true, true, false},
+      {"int4, f16 activations", int4, 2048, 768, DType::f16, false, true, false},
+      {"int4, f32 activations", int4, 2048, 768, DType::f32, true, false, false},
+      {"int4, groups of 30 end inside a block", QuantParams::Int4Group(30, DType::bf16, false),
+       2040, 780, DType::bf16, false, false, false},
+      {"int4, K % 4 == 2", int4, 2048, 770, DType::bf16, false, false, false},
+      {"int4, a group too long for exact int32 sums",
+       QuantParams::Int4Group(4096, DType::bf16, false), 4096, 768, DType::bf16, false, false,
+       false},
+      {"bf16, bf16 activations, AVX-512 BF16", bf16, 2048, 768, DType::bf16, true, false, true},
+      {"bf16, bf16 activations, no AVX-512 BF16", bf16, 2048, 768, DType::bf16, false, false,
+       false},
+      {"bf16, f16 activations (finer than bf16)", bf16, 2048, 768, DType::f16, true, false, false},
+      {"bf16, f32 activations", bf16, 2048, 768, DType::f32, true, false, false},
+  };
+  for (const KernelChoiceCase& c : cases) {
+    EXPECT_EQ(cpu::use_int16_decode(c.format, c.hidden, c.intermediate, c.activations),
+              c.int16_decode)
+        << c.name;
+    EXPECT_EQ(cpu::use_bf16_gemm(c.format, c.activations, c.avx512_bf16), c.bf16_gemm) << c.name;
+  }
+}
+
 // The grouped path: rows for one expert from 1 to 8 (streamed, in passes of up to four rows)
 // and 20 (the GEMM), with another expert's rows and an idle expert around them, each row's
 // result weighted into a token row.
