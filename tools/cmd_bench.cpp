@@ -123,11 +123,12 @@ int run_bench(const BenchFlags& f) {
   report.machine = bench::Ceilings::Measure(threads, sizes);
   log.note(fmt::format(
       "ceilings measured in {:.1f} s: read {:.1f} GB/s ({} MiB summed), fp32 FMA peak {:.1f} "
-      "GFLOP/s ({}), {} threads, which had {:.0f}% of their CPU time",
+      "GFLOP/s ({}), bf16 dot-product peak {:.1f} GFLOP/s, {} threads, which had {:.0f}% of "
+      "their CPU time",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step).count(),
       report.machine.read_bytes_per_s * 1e-9, sizes.read_bytes >> 20,
-      report.machine.fma_flops_per_s * 1e-9, bench::simd_isa_name(report.machine.isa), threads,
-      100.0 * report.machine.cpu_share));
+      report.machine.fma_flops_per_s * 1e-9, bench::simd_isa_name(report.machine.isa),
+      report.machine.bf16_dot_flops_per_s * 1e-9, threads, 100.0 * report.machine.cpu_share));
   log.note(fmt::format(
       "routing {}, fresh router logits for every repeat, caches flushed between "
       "repeats; {} repeats after {} warm-up, fewer (at least {}) once a case and T "

@@ -11,6 +11,7 @@
 
 #include "core/thread_pool.hpp"
 #include "moekit/error.hpp"
+#include "moekit/platform.hpp"
 #include "moekit/tensor.hpp"
 
 namespace moekit::bench {
@@ -146,12 +147,16 @@ Ceilings Ceilings::Measure(int threads, const CeilingSizes& sizes) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   c.cpu_share = (process_cpu_seconds() - cpu_start) / (wall * threads);
+  // Measured after the CPU share: wider than the FMA's, a gap in it would not change the share.
+  if (Platform::probe().avx512_bf16) {
+    c.bf16_dot_flops_per_s = measure_bf16_dot_peak(threads, sizes.fma_iterations, sizes.fma_passes);
+  }
   return c;
 }
 
-Ceilings Ceilings::Known(int threads, SimdIsa isa, double read_bytes_per_s,
-                         double fma_flops_per_s) {
-  return {threads, isa, read_bytes_per_s, fma_flops_per_s};
+Ceilings Ceilings::Known(int threads, SimdIsa isa, double read_bytes_per_s, double fma_flops_per_s,
+                         double bf16_dot_flops_per_s) {
+  return {threads, isa, read_bytes_per_s, fma_flops_per_s, bf16_dot_flops_per_s};
 }
 
 float sum_floats(const float* data, int64_t n, SimdIsa isa) {
@@ -203,6 +208,30 @@ double measure_fma_peak(int threads, int64_t iterations, int passes, SimdIsa isa
   consume(total, "fma peak");
   const double flops = 2.0 * kChains * kLanes * static_cast<double>(iterations) * threads;
   return flops / seconds;
+}
+
+double measure_bf16_dot_peak(int threads, int64_t iterations, int passes) {
+  require(threads >= 1 && passes >= 1 && iterations >= 1,
+          "bf16 dot peak: needs threads, passes and iterations >= 1 (got {}, {}, {})", threads,
+          passes, iterations);
+  // Without the instructions the chains would die on SIGILL; an error names the caller's bug.
+  if (!Platform::probe().avx512_bf16) {
+    fail(Errc::internal, "bf16 dot peak: this CPU has no AVX-512 BF16");
+  }
+  ThreadPool pool(threads);
+  std::vector<float> partial(static_cast<size_t>(threads));
+  const auto pass = [&] {
+    pool.parallel_chunks(threads, [&](int64_t, int64_t, int chunk) {
+      partial[chunk] = bf16_dot_chains(iterations);
+    });
+  };
+  pass();  // lets the clock ramp up under load
+  const double seconds = median_of(time_passes(passes, pass));
+  double total = 0.0;
+  for (float v : partial) total += v;
+  consume(total, "bf16 dot peak");
+  constexpr double kFlopsPerDot = 16 * 2 * 2;  // 16 lanes, two multiply-adds each
+  return kFlopsPerDot * kDotChains * static_cast<double>(iterations) * threads / seconds;
 }
 
 }  // namespace moekit::bench

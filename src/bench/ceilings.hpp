@@ -32,19 +32,32 @@ struct Ceilings {
   SimdIsa isa = SimdIsa::portable;  // the ISA of both measurements
   double read_bytes_per_s = 0.0;
   double fma_flops_per_s = 0.0;
+  // AVX-512 BF16 dot products (512-bit vdpbf16ps) where the CPU has them, else 0: the rate of the
+  // bf16 GEMM (use_bf16_gemm), which on some CPUs is twice the FMA's.
+  double bf16_dot_flops_per_s = 0.0;
   // CPU time this process got while measuring, over threads x wall time: well below 1 means
   // other work shared the cores, and every figure of the run is low by about that much.
   double cpu_share = 1.0;
 
   static Ceilings Measure(int threads, const CeilingSizes& sizes);
   // Figures measured elsewhere (tests, or a run being re-read).
-  static Ceilings Known(int threads, SimdIsa isa, double read_bytes_per_s, double fma_flops_per_s);
+  static Ceilings Known(int threads, SimdIsa isa, double read_bytes_per_s, double fma_flops_per_s,
+                        double bf16_dot_flops_per_s = 0.0);
 };
 
 // Bytes per second of summing `bytes` of f32 with `threads` threads, the median of `passes`.
 double measure_read_bandwidth(int threads, int64_t bytes, int passes, SimdIsa isa);
 // fp32 FLOPs per second (an FMA is two) of `threads` threads, the median of `passes`.
 double measure_fma_peak(int threads, int64_t iterations, int passes, SimdIsa isa);
+
+// bf16 dot-product FLOPs per second (each pair's two multiply-adds are four) of `threads` threads,
+// the median of `passes`. Needs AVX-512 BF16 (Errc::internal on a CPU without it).
+double measure_bf16_dot_peak(int threads, int64_t iterations, int passes);
+
+// The chains of measure_bf16_dot_peak on one thread (ceilings_avx512bf16.cpp): kDotChains
+// accumulators of 16 f32 lanes, `iterations` dot products each; returns their sum.
+inline constexpr int kDotChains = 12;
+float bf16_dot_chains(int64_t iterations);
 
 // The sum of n floats, read once at full speed on one thread; the benchmark also uses it to
 // push a layer's weights out of the caches between repeats.

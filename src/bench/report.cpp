@@ -8,11 +8,25 @@
 
 namespace moekit::bench {
 
+namespace {
+
+// The bf16 dot-product peak, where the machine has one: bf16 x bf16 GEMM cases are measured
+// against it.
+std::string bf16_dot_peak_text(const Ceilings& machine) {
+  if (machine.bf16_dot_flops_per_s <= 0) return "";
+  return fmt::format(
+      ", bf16 dot-product peak {:.1f} GFLOP/s (avx512-bf16; the compute ceiling of "
+      "bf16 weights)",
+      machine.bf16_dot_flops_per_s * 1e-9);
+}
+
+}  // namespace
+
 std::string BenchReport::table() const {
   std::string text = fmt::format(
-      "machine: {} threads, read bandwidth {:.1f} GB/s, fp32 FMA peak {:.1f} GFLOP/s ({})\n",
+      "machine: {} threads, read bandwidth {:.1f} GB/s, fp32 FMA peak {:.1f} GFLOP/s ({}){}\n",
       machine.threads, machine.read_bytes_per_s * 1e-9, machine.fma_flops_per_s * 1e-9,
-      simd_isa_name(machine.isa));
+      simd_isa_name(machine.isa), bf16_dot_peak_text(machine));
   if (machine.cpu_share < kBusyShare) {
     text += fmt::format(
         "warning: this process had {:.0f}% of {} threads while measuring the ceilings: other "
@@ -54,7 +68,8 @@ std::string BenchReport::json() const {
   out["machine"] = {{"threads", machine.threads},
                     {"isa", simd_isa_name(machine.isa)},
                     {"read_bandwidth_gbs", machine.read_bytes_per_s * 1e-9},
-                    {"fma_peak_gflops", machine.fma_flops_per_s * 1e-9}};
+                    {"fma_peak_gflops", machine.fma_flops_per_s * 1e-9},
+                    {"bf16_dot_peak_gflops", machine.bf16_dot_flops_per_s * 1e-9}};
   Json list = Json::array();
   for (const CaseResult& r : results) {
     list.push_back({{"case", r.case_name},

@@ -6,6 +6,7 @@
 
 #include "moekit/error.hpp"
 #include "quant/quant_method.hpp"
+#include "runner/cpu/panel_moe.hpp"
 
 namespace moekit::bench {
 
@@ -47,7 +48,10 @@ Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t 
   r.flops = 6.0 * static_cast<double>(tokens) * spec.routing.top_k * static_cast<double>(H) *
             static_cast<double>(I);
   const double memory_s = static_cast<double>(r.bytes) / ceilings.read_bytes_per_s;
-  const double compute_s = r.flops / ceilings.fma_flops_per_s;
+  // The GEMM the cpu runner takes sets the compute ceiling: bf16 dot products where it uses them.
+  const bool bf16_dot = cpu::use_bf16_gemm(format, activations, ceilings.bf16_dot_flops_per_s > 0);
+  const double compute_s =
+      r.flops / (bf16_dot ? ceilings.bf16_dot_flops_per_s : ceilings.fma_flops_per_s);
   r.bound = compute_s > memory_s ? Bound::compute : Bound::memory;
   r.floor_s = std::max(memory_s, compute_s);
   return r;

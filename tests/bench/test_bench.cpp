@@ -146,8 +146,8 @@ TEST(BenchReport, JsonHasExactlyTheAgreedKeysInOrder) {
   EXPECT_EQ(keys, (std::vector<std::string>{"machine", "results"}));
   keys.clear();
   for (const auto& [key, value] : json["machine"].items()) keys.push_back(key);
-  EXPECT_EQ(keys,
-            (std::vector<std::string>{"threads", "isa", "read_bandwidth_gbs", "fma_peak_gflops"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"threads", "isa", "read_bandwidth_gbs",
+                                            "fma_peak_gflops", "bf16_dot_peak_gflops"}));
   keys.clear();
   for (const auto& [key, value] : json["results"][0].items()) keys.push_back(key);
   EXPECT_EQ(keys, (std::vector<std::string>{"case",

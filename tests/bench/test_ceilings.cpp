@@ -12,6 +12,7 @@
 #include "bench/random_layer.hpp"
 #include "moekit/dtype.hpp"
 #include "moekit/error.hpp"
+#include "moekit/platform.hpp"
 
 namespace moekit::bench {
 namespace {
@@ -42,6 +43,18 @@ TEST(Ceilings, EveryIsaHereMeasuresPositiveFiniteFigures) {
         << simd_isa_name(isa);
     EXPECT_TRUE(positive_finite(measure_fma_peak(1, tiny.fma_iterations, 2, isa)))
         << simd_isa_name(isa);
+  }
+}
+
+// The bf16 dot-product peak is measured exactly where the CPU has AVX-512 BF16, and asked for
+// elsewhere it is an error, not a crash.
+TEST(Ceilings, Bf16DotPeakIsMeasuredOnlyWhereTheCpuHasIt) {
+  const Ceilings c = Ceilings::Measure(1, CeilingSizes::Tiny());
+  if (Platform::probe().avx512_bf16) {
+    EXPECT_TRUE(positive_finite(c.bf16_dot_flops_per_s)) << c.bf16_dot_flops_per_s;
+  } else {
+    EXPECT_EQ(c.bf16_dot_flops_per_s, 0.0);
+    EXPECT_THROW(measure_bf16_dot_peak(1, 10, 1), Error);
   }
 }
 

@@ -122,6 +122,25 @@ TEST(Roofline, CountsSixFlopsPerWeightPerRoutedToken) {
   EXPECT_DOUBLE_EQ(r.flops, 6.0 * 512 * 8 * 2048 * 768);
 }
 
+// bf16 weights with bf16 activations take the bf16 GEMM where the machine has bf16 dot products,
+// so that peak is their compute ceiling; other formats and f32 activations keep the FMA's.
+TEST(Roofline, Bf16WeightsAndActivationsAreBoundByTheBf16DotPeak) {
+  const BenchCase c =
+      BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
+  const double flops = 6.0 * 512 * 8 * 2048 * 768;
+  const Ceilings both = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9, 400e9);
+  const Ceilings fma_only = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9);
+  const QuantParams int4 = QuantParams::Int4Group(128, DType::bf16, false);
+  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both).floor_s,
+                   flops / 400e9);
+  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::f32, both).floor_s,
+                   flops / 200e9);
+  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, int4, 512, 128, DType::bf16, both).floor_s, flops / 200e9);
+  EXPECT_DOUBLE_EQ(
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, fma_only).floor_s,
+      flops / 200e9);
+}
+
 TEST(BoundName, NamesBothBounds) {
   EXPECT_EQ(bound_name(Bound::memory), "memory");
   EXPECT_EQ(bound_name(Bound::compute), "compute");
