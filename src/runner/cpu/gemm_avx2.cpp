@@ -246,24 +246,20 @@ MOEKIT_AVX2 void widen_e4m3(const PanelMatrix& w, int64_t p, int64_t k0, int64_t
 MOEKIT_AVX2 void widen_int4(const PanelMatrix& w, int64_t p, int64_t k0, int64_t kc, float* out) {
   const uint8_t* panel = w.panel(p);
   const float* scales = w.panel_scale(p);
-  const float* offsets = w.offset == nullptr ? nullptr : w.panel_offset(p);
   for (int64_t k = 0; k < kc; k += 2) {
     const int64_t at = k0 + k;
     const int64_t g = at / w.group_k;
     const __m256 s_lo = _mm256_loadu_ps(scales + g * kPanelRows);
     const __m256 s_hi = _mm256_loadu_ps(scales + g * kPanelRows + 8);
-    const __m256 o_lo = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
-                                           : _mm256_loadu_ps(offsets + g * kPanelRows);
-    const __m256 o_hi = offsets == nullptr ? _mm256_set1_ps(kSymmetricOffset)
-                                           : _mm256_loadu_ps(offsets + g * kPanelRows + 8);
+    const Int4Offsets offset = int4_offsets(w, p, g);
     const __m256i block = load_int4_block(panel, at);
     const Int4PairF32 v =
         widen_int4_pair(at % kInt4BlockK == 0 ? int4_pair<0>(block) : int4_pair<1>(block));
     float* step = out + k * kPanelRows;
-    _mm256_storeu_ps(step, _mm256_mul_ps(_mm256_sub_ps(v.low0, o_lo), s_lo));
-    _mm256_storeu_ps(step + 8, _mm256_mul_ps(_mm256_sub_ps(v.high0, o_hi), s_hi));
-    _mm256_storeu_ps(step + 16, _mm256_mul_ps(_mm256_sub_ps(v.low1, o_lo), s_lo));
-    _mm256_storeu_ps(step + 24, _mm256_mul_ps(_mm256_sub_ps(v.high1, o_hi), s_hi));
+    _mm256_storeu_ps(step, _mm256_mul_ps(_mm256_sub_ps(v.low0, offset.low), s_lo));
+    _mm256_storeu_ps(step + 8, _mm256_mul_ps(_mm256_sub_ps(v.high0, offset.high), s_hi));
+    _mm256_storeu_ps(step + 16, _mm256_mul_ps(_mm256_sub_ps(v.low1, offset.low), s_lo));
+    _mm256_storeu_ps(step + 24, _mm256_mul_ps(_mm256_sub_ps(v.high1, offset.high), s_hi));
   }
 }
 

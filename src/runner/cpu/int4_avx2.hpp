@@ -31,6 +31,20 @@ inline Int4Pair int4_pair(__m256i block) {
           _mm256_and_si256(_mm256_srli_epi16(block, 8 * kPair + 4), nibble)};
 }
 
+// The int4 offsets of scale step g of panel p, rows 0-7 and 8-15: the zero points' offsets, or
+// kSymmetricOffset for a matrix without them.
+struct Int4Offsets {
+  __m256 low;
+  __m256 high;
+};
+inline Int4Offsets int4_offsets(const PanelMatrix& w, int64_t p, int64_t g) {
+  if (w.offset == nullptr) {
+    return {_mm256_set1_ps(kSymmetricOffset), _mm256_set1_ps(kSymmetricOffset)};
+  }
+  const float* offset = w.panel_offset(p) + g * kPanelRows;
+  return {_mm256_loadu_ps(offset), _mm256_loadu_ps(offset + kHalfPanel)};
+}
+
 // A pair's codes as f32: rows 0-7 and 8-15 at its first k, then at its second k.
 struct Int4PairF32 {
   __m256 low0, high0, low1, high1;

@@ -186,12 +186,7 @@ void int4_panel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float* 
       }
     });
     const float* scale = w.panel_scale(p) + g * kPanelRows;
-    __m256 offset_lo = _mm256_set1_ps(kSymmetricOffset);
-    __m256 offset_hi = offset_lo;
-    if (w.offset != nullptr) {
-      offset_lo = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows);
-      offset_hi = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows + kHalfPanel);
-    }
+    const Int4Offsets offset = int4_offsets(w, p, g);
 #pragma GCC unroll 4
     for (int r = 0; r < M; ++r) {
       __m256 l = lo[0][r], h = hi[0][r];
@@ -200,8 +195,8 @@ void int4_panel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float* 
         h = _mm256_add_ps(h, hi[1][r]);
       }
       const __m256 sum = _mm256_broadcast_ss(rows.x_sums[r] + g);
-      l = _mm256_fnmadd_ps(offset_lo, sum, l);
-      h = _mm256_fnmadd_ps(offset_hi, sum, h);
+      l = _mm256_fnmadd_ps(offset.low, sum, l);
+      h = _mm256_fnmadd_ps(offset.high, sum, h);
       out_lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale), l, out_lo[r]);
       out_hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale + kHalfPanel), h, out_hi[r]);
     }

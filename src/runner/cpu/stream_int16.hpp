@@ -96,12 +96,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
     const float* scale = w.panel_scale(p) + g * kPanelRows;
     const __m256 scale_lo = _mm256_loadu_ps(scale);
     const __m256 scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
-    __m256 offset_lo = _mm256_set1_ps(kSymmetricOffset);
-    __m256 offset_hi = offset_lo;
-    if (w.offset != nullptr) {
-      offset_lo = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows);
-      offset_hi = _mm256_loadu_ps(w.panel_offset(p) + g * kPanelRows + kHalfPanel);
-    }
+    const Int4Offsets offset = int4_offsets(w, p, g);
 #pragma GCC unroll 4
     for (int r = 0; r < M; ++r) {
       __m256i sum_lo = lo[0][r], sum_hi = hi[0][r];
@@ -111,8 +106,8 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
       }
       const __m256 q_sum = _mm256_broadcast_ss(rows.sums[r] + g);
       const __m256 q_scale = _mm256_broadcast_ss(rows.scale[r] + g);
-      const __m256 l = _mm256_fnmadd_ps(offset_lo, q_sum, _mm256_cvtepi32_ps(sum_lo));
-      const __m256 h = _mm256_fnmadd_ps(offset_hi, q_sum, _mm256_cvtepi32_ps(sum_hi));
+      const __m256 l = _mm256_fnmadd_ps(offset.low, q_sum, _mm256_cvtepi32_ps(sum_lo));
+      const __m256 h = _mm256_fnmadd_ps(offset.high, q_sum, _mm256_cvtepi32_ps(sum_hi));
       out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, q_scale), l, out_lo[r]);
       out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, q_scale), h, out_hi[r]);
     }
