@@ -1,6 +1,6 @@
 #pragma once
 // The many-rows GEMM of the cpu core for bf16 weights on AVX-512 BF16 dot products (vdpbf16ps,
-// twice the multiply-adds per cycle of f32 FMAs): activations [m, K] (f32, row-major), each
+// two multiply-adds per f32 lane and instruction): activations [m, K] (f32, row-major), each
 // rounded to bf16 (to nearest, ties to even, as a model's own bf16 matmuls round them), times a
 // panel16 bf16 weight matrix [N, K]^T, summed in f32. The caller chooses it only where the
 // layer's activations are bf16 anyway, splits panels across threads (one call is

@@ -93,10 +93,7 @@ bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16) {
 PanelMoe::PanelMoe(const ExpertsProblem& problem)
     : problem_(problem),
       hidden_steps_(int4_steps(problem.quant, problem.hidden)),
-      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)),
-      // Whether the kernels can; each call then asks its rows' dtype.
-      int16_decode_(
-          use_int16_decode(problem.quant, problem.hidden, problem.intermediate, DType::bf16)) {
+      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)) {
   ScratchCarver shared;
   carve_shared(shared);
   shared_bytes_ = shared.bytes();
@@ -124,7 +121,8 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
                          tile_columns()),
       carver.take<float>(gemm_scratch_floats(widest)),
       {}};
-  if (int16_decode_) {
+  // Scratch for the int16 rows wherever some activations' dtype could take them.
+  if (use_int16_decode(problem_.quant, problem_.hidden, problem_.intermediate, DType::bf16)) {
     const int64_t steps = std::max(hidden_steps_, intermediate_steps_);
     w.int16 = {carver.take<int16_t>(kStreamMaxRows * widest),
                carver.take<float>(kStreamMaxRows * steps),
@@ -137,7 +135,7 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
 }
 
 bool PanelMoe::int16_inputs(const GroupedRows& rows) const {
-  return int16_decode_ && rows.activations != DType::f32;
+  return use_int16_decode(problem_.quant, problem_.hidden, problem_.intermediate, rows.activations);
 }
 
 bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
@@ -171,8 +169,9 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   void* workers = static_cast<char*>(scratch) + shared_bytes_;
   // Each part (a share of the panels) runs on its own worker with that worker's scratch.
   const int parts = std::min(pool.size(), problem_.threads);
-  const bool prepares =
-      weights.quant.quantizes_activations() || weights.quant.weight_dtype == DType::i4;
+  // int4 step sums serve only the f32 streaming kernel: int16 rows carry their own.
+  const bool prepares = weights.quant.quantizes_activations() ||
+                        (weights.quant.weight_dtype == DType::i4 && !int16_inputs(rows));
   for (const bool down : {false, true}) {
     const Stage stage{this, rows, weights, shared, workers, parts, down};
     if (prepares) {

@@ -31,19 +31,19 @@ inline bool use_gemm(int64_t rows) {
 }
 
 // Whether streamed rows of int4 weights are quantised to int16 per scale step and multiplied
-// with 16-bit integer dot products (stream_panels_int16): two to three times the rate of
-// widening every code to f32, which is what lets decode keep up with the memory. An activation
-// then carries an error of at most 2^-16 of its step's largest magnitude, far below bf16's or
-// f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as bf16
-// or f16 take it; f32 activations keep f32 arithmetic. The kernel also needs K and the groups
+// with 16-bit integer dot products (stream_panels_int16): about twice the rate of widening
+// every code to f32 (docs/PERFORMANCE.md), which is what lets decode keep up with the memory. An
+// activation then carries an error of at most 2^-16 of its step's largest magnitude, far below
+// bf16's or f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as
+// bf16 or f16 take it; f32 activations keep f32 arithmetic. The kernel also needs K and the groups
 // in whole int4 blocks and groups short enough for exact int32 sums.
 bool use_int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate,
                       DType activations);
 
-// Whether GEMM rows of bf16 weights take the AVX-512 BF16 GEMM (gemm_panels_bf16), twice the
-// multiply-adds per cycle of the f32 FMA GEMM. It rounds the GEMM's inputs to bf16, which is
-// what the model's own bf16 matmuls do to activations that came in as bf16; f16 (finer than
-// bf16) and f32 activations keep the f32 GEMM.
+// Whether GEMM rows of bf16 weights take the AVX-512 BF16 GEMM (gemm_panels_bf16), 1.6x the f32
+// FMA GEMM where vdpbf16ps issues at the FMA's rate (Sapphire Rapids), more where it is faster. It
+// rounds the GEMM's inputs to bf16, which is what the model's own bf16 matmuls do to activations
+// that came in as bf16; f16 (finer than bf16) and f32 activations keep the f32 GEMM.
 bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16);
 
 // One batch of rows grouped by slot. Row r belongs to the slot s with offsets[s] <= r <
@@ -94,7 +94,6 @@ class PanelMoe {
   ExpertsProblem problem_;
   int64_t hidden_steps_ = 0;        // int4: scale steps along H (GEMM1's K)
   int64_t intermediate_steps_ = 0;  // and along I (GEMM2's K)
-  bool int16_decode_ = false;
   int64_t shared_bytes_ = 0;
   int64_t worker_bytes_ = 0;
 };

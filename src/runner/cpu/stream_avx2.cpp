@@ -56,10 +56,6 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
   }
 }
 
-// The hardware prefetcher alone leaves the stream waiting on memory, so the kernel asks for
-// every line it will read this far ahead itself (past the panel's end is the next panel of the
-// range, or a harmless prefetch).
-constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kCacheLine = 64;
 
 // One panel times M rows. U independent accumulator pairs per row keep enough FMA chains in
@@ -87,8 +83,9 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
     int64_t k = k0;
     for (; k + U <= k1; k += U) {
       for (int64_t line = 0; line < U * stride; line += kCacheLine) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + kPrefetchBytes + line),
-                     _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char*>(panel + k * stride + kStreamPrefetchBytes + line),
+            _MM_HINT_T0);
       }
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
@@ -146,9 +143,9 @@ inline void for_int4_pairs(const uint8_t* panel, int64_t k0, int64_t k1, Pair pa
     k += 2;
   }
   for (; k + kInt4BlockK <= k1; k += kInt4BlockK) {
-    _mm_prefetch(
-        reinterpret_cast<const char*>(panel + k / kInt4BlockK * kInt4BlockBytes + kPrefetchBytes),
-        _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(panel + k / kInt4BlockK * kInt4BlockBytes +
+                                               kStreamPrefetchBytes),
+                 _MM_HINT_T0);
     const __m256i block = load_int4_block(panel, k);
     pair(int4_pair<0>(block), k);
     pair(int4_pair<1>(block), k + 2);

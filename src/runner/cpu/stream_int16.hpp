@@ -20,9 +20,6 @@ void stream_panels_int16_vnni(const PanelMatrix& w, int64_t p_begin, int64_t p_e
 
 namespace {
 
-// As far ahead as the kernel prefetches the weights it streams (see stream_avx2.cpp).
-inline constexpr int64_t kInt16PrefetchBytes = 2048;
-
 // Calls kernel.template operator()<M>() with M = rows; rows is 1..kStreamRows (the caller
 // checks).
 template <typename Kernel>
@@ -82,7 +79,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
     int64_t k = k0;
     if constexpr (kSets == 2) {
       for (; k + 2 * kInt4BlockK <= k1; k += 2 * kInt4BlockK, codes += 2 * kInt4BlockBytes) {
-        _mm_prefetch(reinterpret_cast<const char*>(codes + kInt16PrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
         block(codes, k, 0);
         block(codes + kInt4BlockBytes, k + kInt4BlockK, 1);
       }
@@ -90,7 +87,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
     // Three or four rows: one block per step, since two in flight need more than the 16 vector
     // registers (the compiler spills the sums).
     for (; k < k1; k += kInt4BlockK, codes += kInt4BlockBytes) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes + kInt16PrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
       block(codes, k, 0);
     }
     const float* scale = w.panel_scale(p) + g * kPanelRows;
