@@ -205,7 +205,7 @@ def combine(moekit, timings, threads, load_before):
 
 def table(combined):
     head = (
-        f"{'case':<20} {'weights':<11} {'T':>5} {'moekit ms':>10} {'torch-fp32 ms':>14} "
+        f"{'case':<20} {'weights':<14} {'T':>5} {'moekit ms':>10} {'torch-fp32 ms':>14} "
         f"{'torch-bf16 ms':>14} {'speedup':>8} {'floor%':>7}"
     )
     lines = [head]
@@ -214,7 +214,7 @@ def table(combined):
         speedup = r["speedup_vs_torch"]
         speedup = "-" if speedup is None else f"{speedup:.2f}x"
         lines.append(
-            f"{r['case']:<20} {r['weights']:<11} {r['tokens']:>5} {r['median_ms']:>10.3f} "
+            f"{r['case']:<20} {r['weights']:<14} {r['tokens']:>5} {r['median_ms']:>10.3f} "
             f"{fp32['median_ms']:>14.3f} {bf16['median_ms']:>14.3f} "
             f"{speedup:>8} {100 * r['floor_ratio']:>6.1f}%"
         )

@@ -39,7 +39,7 @@ std::string list_cases() {
     for (const bench::BenchCase& c : bench::headline_cases(device)) {
       std::string formats, tokens;
       for (const QuantParams& f : c.formats) {
-        formats += (formats.empty() ? "" : ", ") + std::string(weight_format_name(f.format));
+        formats += (formats.empty() ? "" : ", ") + f.name();
       }
       for (const int64_t t : c.tokens) tokens += (tokens.empty() ? "" : ", ") + std::to_string(t);
       text +=
@@ -176,6 +176,9 @@ Command add_bench_command(CLI::App& app) {
                         "f32, f16, bf16, fp8-tensor, fp8-block, int4-group (default: the case's)");
   bench->add_option("--fp8-scaling", f->plan.fp8_scaling,
                     "fp8-tensor: tensor (default) or channel");
+  bench->add_option("--activations", f->plan.activations,
+                    "fp8-tensor: dynamic (default) or static; int4-group: unquantized (default, "
+                    "W4A16) or int8 (W4A8, per token per group)");
   bench->add_option("--block-size", f->plan.block_size,
                     "fp8-block: rows and columns per scale (128)");
   bench->add_option("--group-size", f->plan.group_size, "int4-group: columns per scale (128)");

@@ -92,8 +92,7 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
     Tensor exact = Tensor::empty(DType::bf16, {tokens, spec.hidden});
     unquantized.forward(hidden, logits, exact);
     std::printf("quantization: %s costs a relative L2 error of %.2e against bf16 weights\n",
-                std::string(weight_format_name(plan.quant.format)).c_str(),
-                relative_l2(expected, exact));
+                plan.quant.name().c_str(), relative_l2(expected, exact));
   }
 
   MoeLayer layer(plan, given);

@@ -78,7 +78,9 @@ struct PlanFlags {
     app.add_option("--threads", threads, "CPU threads, 0 = all")->capture_default_str();
     app.add_flag("--strict", strict, "refuse any fallback");
     app.add_option("--fp8-scaling", fp8_scaling, "fp8-tensor: tensor (default) or channel");
-    app.add_option("--activations", activations, "fp8-tensor: dynamic (default) or static");
+    app.add_option("--activations", activations,
+                   "fp8-tensor: dynamic (default) or static; int4-group: unquantized (default, "
+                   "W4A16) or int8 (W4A8, per token per group)");
     app.add_option("--block-size", block_size, "fp8-block: rows and columns per scale (128)");
     app.add_option("--group-size", group_size, "int4-group: columns per scale (128)");
     app.add_option("--scale-dtype", scale_dtype, "int4-group: bf16 (default) or f16");
@@ -96,7 +98,10 @@ struct PlanFlags {
       }
     };
     only_for(fp8_scaling.has_value(), "--fp8-scaling", WeightFormat::fp8_tensor);
-    only_for(activations.has_value(), "--activations", WeightFormat::fp8_tensor);
+    if (activations && format != WeightFormat::fp8_tensor && format != WeightFormat::int4_group) {
+      fail(Errc::invalid_argument,
+           "--activations applies to --weights fp8-tensor or int4-group, not {}", weights);
+    }
     only_for(block_size.has_value(), "--block-size", WeightFormat::fp8_block);
     only_for(group_size.has_value(), "--group-size", WeightFormat::int4_group);
     only_for(scale_dtype.has_value(), "--scale-dtype", WeightFormat::int4_group);
@@ -112,11 +117,15 @@ struct PlanFlags {
                 {{"dynamic", Fp8Activations::dynamic}, {"static", Fp8Activations::static_}}));
       case WeightFormat::fp8_block:
         return QuantParams::Fp8Block(block_size.value_or(128));
-      case WeightFormat::int4_group:
-        return QuantParams::Int4Group(group_size.value_or(128),
-                                      choose<DType>(scale_dtype, "--scale-dtype",
-                                                    {{"bf16", DType::bf16}, {"f16", DType::f16}}),
-                                      zero_points);
+      case WeightFormat::int4_group: {
+        const int64_t group = group_size.value_or(128);
+        const DType scales = choose<DType>(scale_dtype, "--scale-dtype",
+                                           {{"bf16", DType::bf16}, {"f16", DType::f16}});
+        const bool int8 =
+            choose<bool>(activations, "--activations", {{"unquantized", false}, {"int8", true}});
+        return int8 ? QuantParams::Int4GroupA8(group, scales, zero_points)
+                    : QuantParams::Int4Group(group, scales, zero_points);
+      }
       default:
         return format;
     }

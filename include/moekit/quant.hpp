@@ -31,6 +31,8 @@ enum class ActivationQuant : uint8_t {
   fp8_per_token,        // dynamic: e4m3 with one scale per token row, amax / 448
   fp8_per_token_group,  // dynamic: one scale per token per `activation_group` columns
   fp8_static,           // one scale per GEMM input, from the checkpoint
+  // dynamic: int8 with one scale per token per `activation_group` columns, amax / 127 (W4A8)
+  int8_per_token_group,
 };
 std::string_view activation_quant_name(ActivationQuant quant);
 
@@ -47,7 +49,7 @@ struct QuantParams {
   DType scale_dtype = DType::f32;
   bool zero_points = false;  // int4: w = (q - zero) * scale; otherwise zero is 0
   ActivationQuant activation = ActivationQuant::none;
-  int64_t activation_group = 0;  // columns per scale, for fp8_per_token_group
+  int64_t activation_group = 0;  // columns per scale, for the per token group quantisations
 
   QuantParams() = default;
   // The format's defaults, so that `options.weights = WeightFormat::fp8_block` reads naturally.
@@ -66,6 +68,12 @@ struct QuantParams {
   // row, f16 or bf16 scales, symmetric or with zero points.
   static QuantParams Int4Group(int64_t group = 128, DType scale_dtype = DType::bf16,
                                bool zero_points = false);
+  // W4A8: int4-group weights, with activations quantised at run time to int8 per token per
+  // weight group (amax / 127), as llama.cpp's Q4 x Q8 and sgl-kernel's DA8W4 do on CPUs. Integer
+  // dot products then cost half of int16's, at an activation error of up to 1/254 of each group's
+  // largest magnitude (docs/QUANTIZATION.md).
+  static QuantParams Int4GroupA8(int64_t group = 128, DType scale_dtype = DType::bf16,
+                                 bool zero_points = false);
 
   bool quantized() const { return weight_dtype == DType::f8e4m3 || weight_dtype == DType::i4; }
   bool quantizes_activations() const { return activation != ActivationQuant::none; }
@@ -76,6 +84,8 @@ struct QuantParams {
   // What is wrong with these parameters, empty when they describe a format moekit has.
   std::vector<std::string> problems() const;
   std::string describe() const;
+  // The format's name, with "-a8" where int4-group quantises its activations to int8.
+  std::string name() const;
   bool operator==(const QuantParams& other) const = default;
 };
 

@@ -118,8 +118,7 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
   const Tensor weights = Tensor::empty(DType::f32, {T, k});
   const RoutingResult routing{ids.view(), weights.view()};
 
-  const std::string label =
-      fmt::format("{} {} T={}", run.bench_case.name, weight_format_name(plan.quant.format), T);
+  const std::string label = fmt::format("{} {} T={}", run.bench_case.name, plan.quant.name(), T);
   for (int w = 0; w < settings.warmup; ++w) {
     run.log.progress(fmt::format("{}: warm-up {}/{}", label, w + 1, settings.warmup));
     layer.forward(hidden, logits[w], output);
@@ -200,7 +199,7 @@ void run_case(const BenchCase& bench_case, const Options& options, const Platfor
     return seconds;
   };
   for (const QuantParams& format : bench_case.formats) {
-    const std::string format_name(weight_format_name(format.format));
+    const std::string format_name = format.name();
     if (format.activation == ActivationQuant::fp8_static) {
       fail(Errc::invalid_argument,
            "bench: fp8 static activations need input scales calibrated from a checkpoint; use "

@@ -34,15 +34,15 @@ std::string BenchReport::table() const {
         100.0 * machine.cpu_share, machine.threads);
   }
   text += fmt::format(
-      "{:<18} {:<10} {:>5} {:<14} {:>9} {:>9} {:>9} {:>4} {:>11} {:>7} {:>9} {:>7} "
+      "{:<18} {:<13} {:>5} {:<14} {:>9} {:>9} {:>9} {:>4} {:>11} {:>7} {:>9} {:>7} "
       "{:>7} {:>8} {:<7} {:>8} {}\n",
       "case", "weights", "T", "path", "median ms", "min ms", "max ms", "n", "D (unif.)", "read BW",
       "floor ms", "floor%", "GB/s", "GFLOP/s", "bound", "error", "check");
   for (const CaseResult& r : results) {
     text += fmt::format(
-        "{:<18} {:<10} {:>5} {:<14} {:>9.3f} {:>9.3f} {:>9.3f} {:>4} {:>4} ({:>5.1f}) {:>7.1f} "
+        "{:<18} {:<13} {:>5} {:<14} {:>9.3f} {:>9.3f} {:>9.3f} {:>4} {:>4} ({:>5.1f}) {:>7.1f} "
         "{:>9.3f} {:>6.1f}% {:>7.1f} {:>8.1f} {:<7} {:>8.1e} {}\n",
-        r.case_name, weight_format_name(r.format.format), r.tokens, r.path, r.timing.median_s * 1e3,
+        r.case_name, r.format.name(), r.tokens, r.path, r.timing.median_s * 1e3,
         r.timing.min_s * 1e3, r.timing.max_s * 1e3, r.timing.repeats, r.distinct_experts,
         r.expected_distinct_experts, r.read_bytes_per_s * 1e-9, r.roofline.floor_s * 1e3,
         100.0 * r.floor_ratio(), r.bytes_per_s() * 1e-9, r.flops_per_s() * 1e-9,
@@ -57,7 +57,7 @@ std::string BenchReport::table() const {
         beats_floor);
   }
   for (const Refusal& r : refusals) {
-    text += fmt::format("{:<18} {:<10} {}\n", r.case_name, r.format, r.message);
+    text += fmt::format("{:<18} {:<13} {}\n", r.case_name, r.format, r.message);
   }
   return text;
 }
@@ -77,7 +77,7 @@ std::string BenchReport::json() const {
                     {"top_k", r.spec.routing.top_k},
                     {"hidden", r.spec.hidden},
                     {"intermediate", r.spec.intermediate},
-                    {"weights", weight_format_name(r.format.format)},
+                    {"weights", r.format.name()},
                     {"tokens", r.tokens},
                     {"runner", r.runner},
                     {"routing", routing_name(r.routing)},

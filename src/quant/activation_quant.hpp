@@ -1,8 +1,9 @@
 #pragma once
 // Run-time quantisation of the GEMM inputs, as the formats' inference code does it: e4m3 values
-// with one scale per token row, per token per group of columns, or one static scale. Both
-// steps are defined in f32 (the scale amax / 448, the value x / scale, rounded to nearest even
-// and saturated to +-448); a core then sees q * scale, computed in its own precision T.
+// with one scale per token row, per token per group of columns, or one static scale; or int8
+// values per token per group. Both steps are defined in f32 (the scale amax / 448 or amax / 127,
+// the value x / scale, rounded to nearest even and saturated to +-448 or +-127); a core then
+// sees q * scale, computed in its own precision T.
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +18,18 @@ namespace moekit {
 // (the same floor as SGLang's per-token-group quantisation).
 inline constexpr float kActivationAmaxFloor = 1e-10f;
 
+inline constexpr float kInt8Max = 127.0f;
+
 inline int64_t activation_group(const QuantParams& q, int64_t n) {
-  return q.activation == ActivationQuant::fp8_per_token_group ? q.activation_group : n;
+  return q.activation == ActivationQuant::fp8_per_token_group ||
+                 q.activation == ActivationQuant::int8_per_token_group
+             ? q.activation_group
+             : n;
+}
+
+// x / scale as int8: rounded to nearest even (the default rounding mode), saturated to +-127.
+inline float int8_code(float x, float scale) {
+  return std::clamp(std::nearbyint(x / scale), -kInt8Max, kInt8Max);
 }
 
 // out[k] = the value GEMM input x[k] has after quantisation; x and out may be the same array.
@@ -31,13 +42,20 @@ void quantize_activation_row(const QuantParams& q, float static_scale, const flo
     return;
   }
   const int64_t group = activation_group(q, n);
+  const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
   for (int64_t k0 = 0; k0 < n; k0 += group) {
     const int64_t k1 = std::min(n, k0 + group);
     float scale = static_scale;
     if (q.activation != ActivationQuant::fp8_static) {
       float amax = 0.0f;
       for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
-      scale = std::max(amax, kActivationAmaxFloor) / kE4M3Max;
+      scale = std::max(amax, kActivationAmaxFloor) / (int8 ? kInt8Max : kE4M3Max);
+    }
+    if (int8) {
+      for (int64_t k = k0; k < k1; ++k) {
+        out[k] = static_cast<T>(int8_code(x[k], scale)) * static_cast<T>(scale);
+      }
+      continue;
     }
     for (int64_t k = k0; k < k1; ++k) {
       out[k] = static_cast<T>(to_float(to_e4m3(x[k] / scale))) * static_cast<T>(scale);

@@ -1,7 +1,8 @@
 // int4-group (W4A16, GPTQ/AWQ style): signed 4-bit weights packed two per byte along K (the
 // element with the even index in the low nibble), one f16 or bf16 scale per `group` columns of
 // each row, and optionally one i8 zero point per scale: w = (q - zero) * scale. Activations stay
-// unquantised. docs/QUANTIZATION.md maps GPTQ's and AWQ's unsigned conventions onto this.
+// unquantised, or (Int4GroupA8) are quantised to int8 per token per group. docs/QUANTIZATION.md
+// maps GPTQ's and AWQ's unsigned conventions onto this.
 
 #include <fmt/format.h>
 
@@ -18,6 +19,13 @@ QuantParams QuantParams::Int4Group(int64_t group, DType scale_dtype, bool zero_p
   params.block_cols = group;
   params.zero_points = zero_points;
   params.activation = ActivationQuant::none;
+  return params;
+}
+
+QuantParams QuantParams::Int4GroupA8(int64_t group, DType scale_dtype, bool zero_points) {
+  QuantParams params = Int4Group(group, scale_dtype, zero_points);
+  params.activation = ActivationQuant::int8_per_token_group;
+  params.activation_group = group;
   return params;
 }
 

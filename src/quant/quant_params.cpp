@@ -17,11 +17,12 @@ constexpr NameTable<WeightFormat, 6> kWeightFormats = {{WeightFormat::f32, "f32"
                                                        {WeightFormat::fp8_tensor, "fp8-tensor"},
                                                        {WeightFormat::fp8_block, "fp8-block"},
                                                        {WeightFormat::int4_group, "int4-group"}};
-constexpr NameTable<ActivationQuant, 4> kActivationQuants = {
+constexpr NameTable<ActivationQuant, 5> kActivationQuants = {
     {ActivationQuant::none, "unquantized"},
     {ActivationQuant::fp8_per_token, "e4m3 per token (dynamic)"},
     {ActivationQuant::fp8_per_token_group, "e4m3 per token per group (dynamic)"},
-    {ActivationQuant::fp8_static, "e4m3 with a static scale per GEMM input"}};
+    {ActivationQuant::fp8_static, "e4m3 with a static scale per GEMM input"},
+    {ActivationQuant::int8_per_token_group, "int8 per token per group (dynamic)"}};
 
 int64_t grid(int64_t extent, int64_t block) {
   return block == 0 ? 1 : (extent + block - 1) / block;
@@ -112,7 +113,11 @@ std::vector<std::string> QuantParams::problems() const {
              fmt::format("int4-group needs an even group size of at least 2 along K (one scale "
                          "per row per group), got {} x {}",
                          block_rows, block_cols));
-      expect(activation == ActivationQuant::none, "int4-group leaves activations unquantised");
+      expect(activation == ActivationQuant::none ||
+                 (activation == ActivationQuant::int8_per_token_group &&
+                  activation_group == block_cols),
+             "int4-group leaves activations unquantised, or quantises them to int8 per token per "
+             "weight group");
       break;
   }
   return found;
@@ -135,9 +140,16 @@ std::string QuantParams::describe() const {
                        block_text(block_cols, "all"));
   }
   text += fmt::format(", activations {}", activation_quant_name(activation));
-  if (activation == ActivationQuant::fp8_per_token_group) {
+  if (activation == ActivationQuant::fp8_per_token_group ||
+      activation == ActivationQuant::int8_per_token_group) {
     text += fmt::format(" of {} columns", activation_group);
   }
+  return text;
+}
+
+std::string QuantParams::name() const {
+  std::string text(weight_format_name(format));
+  if (activation == ActivationQuant::int8_per_token_group) text += "-a8";
   return text;
 }
 

@@ -42,9 +42,11 @@ CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
     return {CpuKernels::avx2_panels, "avx2 panel16",
             fmt::format("AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for "
                         "few rows, blocked GEMM for many; int4 streamed against bf16/f16 "
-                        "activations takes them as int16 per group, 16-bit dot products ({}); "
+                        "activations takes them as int16 per group, 16-bit dot products ({}), "
+                        "and int4-group-a8 its int8 activations in 8-bit ones ({}); "
                         "bf16 weights against bf16 activations: {}",
                         platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddwd",
+                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddubsw",
                         platform.avx512_bf16 ? "the GEMM rounds its inputs to bf16 and runs "
                                                "AVX-512 BF16 dot products"
                                              : "the f32 GEMM (no AVX-512 BF16)")};

@@ -47,6 +47,12 @@ Variant int4_group(int64_t group, DType scale_dtype, bool zero_points) {
           QuantParams::Int4Group(group, scale_dtype, zero_points)};
 }
 
+Variant int4_group_a8(int64_t group, DType scale_dtype, bool zero_points) {
+  return {fmt::format("int4_group_a8_{}_{}_{}", group, dtype_name(scale_dtype),
+                      zero_points ? "zero_points" : "symmetric"),
+          QuantParams::Int4GroupA8(group, scale_dtype, zero_points)};
+}
+
 // Every quantised format with every variant of its parameters.
 std::vector<Variant> every_variant() {
   std::vector<Variant> variants;
@@ -63,6 +69,8 @@ std::vector<Variant> every_variant() {
       }
     }
   }
+  variants.push_back(int4_group_a8(32, DType::bf16, false));
+  variants.push_back(int4_group_a8(128, DType::f16, true));
   return variants;
 }
 
@@ -313,7 +321,10 @@ INSTANTIATE_TEST_SUITE_P(QuantizedLayer, QuantizedLayerError, ::testing::ValuesI
 // The block forms compute the same quantised numbers, where the shared experts split into slots.
 
 std::vector<Variant> slot_variants() {
-  return {fp8_block(32), int4_group(32, DType::bf16, true), int4_group(32, DType::f16, false),
+  return {fp8_block(32),
+          int4_group(32, DType::bf16, true),
+          int4_group(32, DType::f16, false),
+          int4_group_a8(32, DType::bf16, true),
           fp8_tensor(Fp8Scaling::per_tensor, Fp8Activations::static_),
           fp8_tensor(Fp8Scaling::per_channel, Fp8Activations::static_)};
 }

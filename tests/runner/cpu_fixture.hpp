@@ -17,7 +17,8 @@ struct KernelFormat {
   QuantParams params;
 };
 
-// Every panel16 dtype, each scale grid, symmetric int4 and int4 with zero points.
+// Every panel16 dtype, each scale grid, symmetric int4 and int4 with zero points, and int4 with
+// int8 activations.
 inline std::vector<KernelFormat> kernel_formats() {
   return {{"f32", QuantParams::Unquantized(WeightFormat::f32)},
           {"bf16", QuantParams::Unquantized(WeightFormat::bf16)},
@@ -26,7 +27,8 @@ inline std::vector<KernelFormat> kernel_formats() {
           {"fp8_per_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)},
           {"fp8_block_32", QuantParams::Fp8Block(32)},
           {"int4_32_bf16", QuantParams::Int4Group(32, DType::bf16, false)},
-          {"int4_32_f16_zero_points", QuantParams::Int4Group(32, DType::f16, true)}};
+          {"int4_32_f16_zero_points", QuantParams::Int4Group(32, DType::f16, true)},
+          {"int4_a8_32_bf16_zero_points", QuantParams::Int4GroupA8(32, DType::bf16, true)}};
 }
 
 struct KernelShape {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/thread_pool.hpp"
+#include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/cpu/stream.hpp"
@@ -26,10 +27,12 @@ struct FormatShape {
   KernelShape shape;
 };
 
-std::vector<FormatShape> format_shapes(bool int4_only = false) {
+// All formats, or the int4 formats that leave activations unquantised (W4A16).
+std::vector<FormatShape> format_shapes(bool w4a16_only = false) {
   std::vector<FormatShape> cases;
   for (const KernelFormat& f : kernel_formats()) {
-    if (int4_only && f.params.weight_dtype != DType::i4) continue;
+    const bool w4a16 = f.params.weight_dtype == DType::i4 && !f.params.quantizes_activations();
+    if (w4a16_only && !w4a16) continue;
     for (const KernelShape& s : kernel_shapes()) cases.push_back({f, s});
   }
   return cases;
@@ -157,7 +160,8 @@ class Int16StreamingKernel : public StreamingKernel {};
 
 TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   const auto& [format, shape] = GetParam();
-  ASSERT_TRUE(cpu::use_int16_decode(format.params, shape.hidden, shape.intermediate, DType::bf16));
+  ASSERT_EQ(cpu::int4_stream(format.params, shape.hidden, shape.intermediate, DType::bf16),
+            cpu::Int4Stream::int16);
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
   for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
@@ -199,7 +203,82 @@ TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Int4Formats, Int16StreamingKernel,
-                         ::testing::ValuesIn(format_shapes(/*int4_only=*/true)), format_shape_name);
+                         ::testing::ValuesIn(format_shapes(/*w4a16_only=*/true)),
+                         format_shape_name);
+
+// The int8 kernel's dot product instructions this CPU has: pmaddubsw always (AVX2), vpdpbusd
+// where AVX-512 VNNI is present.
+std::vector<cpu::Int8Dot> int8_dots() {
+  if (Platform::probe().avx512_vnni) return {cpu::Int8Dot::maddubs, cpu::Int8Dot::vnni};
+  return {cpu::Int8Dot::maddubs};
+}
+
+// The int8 code quantize_int8 stored for k (Int8Rows: k0, k2, k1, k3 in each block of 4).
+int8_t int8_code_at(const int8_t* q, int64_t k) {
+  constexpr int kOrder[cpu::kInt4BlockK] = {0, 2, 1, 3};
+  return q[k - k % cpu::kInt4BlockK + kOrder[k % cpu::kInt4BlockK]];
+}
+
+// int4 weights times rows quantised to int8: against a double loop over the same packed values
+// and the dequantised q * scale, for every row count, K = H and K = I, with and without zero
+// points; and within half a step of each group's scale of the unquantised rows.
+class Int8StreamingKernel : public StreamingKernel {};
+
+TEST_P(Int8StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
+  const auto& [format, shape] = GetParam();
+  const QuantParams a8 = QuantParams::Int4GroupA8(
+      format.params.block_cols, format.params.scale_dtype, format.params.zero_points);
+  ASSERT_EQ(cpu::int4_stream(a8, shape.hidden, shape.intermediate, DType::f32),
+            cpu::Int4Stream::int8);
+  const TwoLayouts w(a8, 1, shape.hidden, shape.intermediate, 7);
+  const CoreWeights packed = w.packed.apply();
+  for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
+    const int64_t steps = m.scale_steps();
+    const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
+    std::vector<int8_t> q(x.size());
+    std::vector<float> scale(cpu::kStreamRows * steps), sums(scale.size());
+    for (int r = 0; r < cpu::kStreamRows; ++r) {
+      cpu::quantize_int8(x.data() + r * m.k, m.k, m.group_k, q.data() + r * m.k,
+                         scale.data() + r * steps, sums.data() + r * steps);
+    }
+    for (int rows = 1; rows <= cpu::kStreamRows; ++rows) {
+      cpu::Int8Rows in;
+      in.m = rows;
+      for (int r = 0; r < rows; ++r) {
+        in.q[r] = q.data() + r * m.k;
+        in.scale[r] = scale.data() + r * steps;
+        in.sums[r] = sums.data() + r * steps;
+      }
+      const int64_t ldy = m.panels() * cpu::kPanelRows;
+      for (const cpu::Int8Dot dot : int8_dots()) {
+        std::vector<float> y(rows * ldy, std::numeric_limits<float>::quiet_NaN());
+        cpu::stream_panels_int8(m, 0, m.panels(), in, y.data(), ldy, dot);
+        for (int r = 0; r < rows; ++r) {
+          std::vector<float> dequantised(m.k);
+          for (int64_t k = 0; k < m.k; ++k) {
+            dequantised[k] =
+                static_cast<float>(int8_code_at(in.q[r], k)) * in.scale[r][k / m.group_k];
+          }
+          for (int64_t n = 0; n < ldy; ++n) {
+            const double bound = abs_dot(m, n, &x[r * m.k]);
+            ASSERT_NEAR(y[r * ldy + n], naive_dot(m, n, dequantised.data()), 1e-6 * bound + 1e-30)
+                << "rows " << rows << " row " << r << " n " << n << " K " << m.k;
+            double half_steps = 0.0;
+            for (int64_t k = 0; k < m.k; ++k) {
+              half_steps += 0.5 * in.scale[r][k / m.group_k] * std::abs(cpu::panel_value(m, n, k));
+            }
+            ASSERT_NEAR(y[r * ldy + n], naive_dot(m, n, &x[r * m.k]),
+                        half_steps + 1e-6 * bound + 1e-30);
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Int4Formats, Int8StreamingKernel,
+                         ::testing::ValuesIn(format_shapes(/*w4a16_only=*/true)),
+                         format_shape_name);
 
 struct KernelChoiceCase {
   const char* name;
@@ -208,34 +287,41 @@ struct KernelChoiceCase {
   int64_t intermediate;
   DType activations;
   bool avx512_bf16;
-  bool int16_decode;
+  cpu::Int4Stream int4_stream;
   bool bf16_gemm;
 };
 
-// Which rows may take the kernels that compute below f32: only activations that came in as
-// bf16 or f16, and only shapes the int16 kernel can sum exactly.
-TEST(KernelChoice, FollowsTheActivationsDtypeAndTheShape) {
+// Which rows may take the kernels that compute below f32: int16 only for activations that came
+// in as bf16 or f16, int8 wherever the format quantises activations to int8, and only shapes the
+// integer kernels can sum exactly.
+TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
+  using enum cpu::Int4Stream;
   const QuantParams int4 = QuantParams::Int4Group(128, DType::bf16, false);
+  const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
   const QuantParams bf16 = QuantParams::Unquantized(WeightFormat::bf16);
   const KernelChoiceCase cases[] = {
-      {"int4, bf16 activations", int4, 2048, 768, DType::bf16, true, true, false},
-      {"int4, f16 activations", int4, 2048, 768, DType::f16, false, true, false},
-      {"int4, f32 activations", int4, 2048, 768, DType::f32, true, false, false},
+      {"int4, bf16 activations", int4, 2048, 768, DType::bf16, true, int16, false},
+      {"int4, f16 activations", int4, 2048, 768, DType::f16, false, int16, false},
+      {"int4, f32 activations", int4, 2048, 768, DType::f32, true, f32, false},
       {"int4, groups of 30 end inside a block", QuantParams::Int4Group(30, DType::bf16, false),
-       2040, 780, DType::bf16, false, false, false},
-      {"int4, K % 4 == 2", int4, 2048, 770, DType::bf16, false, false, false},
-      {"int4, a group too long for exact int32 sums",
-       QuantParams::Int4Group(4096, DType::bf16, false), 4096, 768, DType::bf16, false, false,
-       false},
-      {"bf16, bf16 activations, AVX-512 BF16", bf16, 2048, 768, DType::bf16, true, false, true},
-      {"bf16, bf16 activations, no AVX-512 BF16", bf16, 2048, 768, DType::bf16, false, false,
-       false},
-      {"bf16, f16 activations (finer than bf16)", bf16, 2048, 768, DType::f16, true, false, false},
-      {"bf16, f32 activations", bf16, 2048, 768, DType::f32, true, false, false},
+       2040, 780, DType::bf16, false, f32, false},
+      {"int4, K % 4 == 2", int4, 2048, 770, DType::bf16, false, f32, false},
+      {"int4, a group too long for exact int32 sums of int16",
+       QuantParams::Int4Group(4096, DType::bf16, false), 4096, 768, DType::bf16, false, f32, false},
+      {"int4-a8, bf16 activations", a8, 2048, 768, DType::bf16, false, int8, false},
+      {"int4-a8, f32 activations", a8, 2048, 768, DType::f32, false, int8, false},
+      {"int4-a8, a group of 4096", QuantParams::Int4GroupA8(4096, DType::bf16, false), 4096, 768,
+       DType::bf16, false, int8, false},
+      {"int4-a8, groups of 30 end inside a block", QuantParams::Int4GroupA8(30, DType::f16, true),
+       2040, 780, DType::bf16, false, f32, false},
+      {"int4-a8, K % 4 == 2", a8, 2048, 770, DType::f32, false, f32, false},
+      {"bf16, bf16 activations, AVX-512 BF16", bf16, 2048, 768, DType::bf16, true, f32, true},
+      {"bf16, bf16 activations, no AVX-512 BF16", bf16, 2048, 768, DType::bf16, false, f32, false},
+      {"bf16, f16 activations (finer than bf16)", bf16, 2048, 768, DType::f16, true, f32, false},
+      {"bf16, f32 activations", bf16, 2048, 768, DType::f32, true, f32, false},
   };
   for (const KernelChoiceCase& c : cases) {
-    EXPECT_EQ(cpu::use_int16_decode(c.format, c.hidden, c.intermediate, c.activations),
-              c.int16_decode)
+    EXPECT_EQ(cpu::int4_stream(c.format, c.hidden, c.intermediate, c.activations), c.int4_stream)
         << c.name;
     EXPECT_EQ(cpu::use_bf16_gemm(c.format, c.activations, c.avx512_bf16), c.bf16_gemm) << c.name;
   }
@@ -408,6 +494,83 @@ TEST(QuantizeInt16, KeepsEveryValueWithinHalfAStepAndFlagsNonFinite) {
       EXPECT_EQ(largest, 32767);
     }
   }
+}
+
+struct Int8Case {
+  const char* name;
+  std::vector<float> x;
+  int64_t group_k;
+};
+
+// quantize_int8 per step stores exactly the codes, scales and sums of the int8 activation format
+// (quantize_activation_row), in the order of Int8Rows; the same again from rows that already hold
+// the format's q * scale; and a NaN scale for a step with NaN or infinity.
+TEST(QuantizeInt8, StoresTheFormatsCodesInBlockOrderAndFlagsNonFinite) {
+  if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> ramp(44);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = 0.37f * static_cast<float>(i) - 5.1f;
+  // amax 127: scale 1, so x.5 lies exactly between two codes and rounds to the even one.
+  std::vector<float> ties = {127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 1.5f, -126.5f};
+  const Int8Case cases[] = {
+      {"ramp, steps of 16 and a last of 12 (a block after whole eights)", ramp, 16},
+      {"halves round to even", ties, 8},
+      {"steps of 4", ramp, 4},
+      {"zeros and values below the amax floor",
+       {0.0f, 0.0f, 0.0f, 0.0f, 1e-12f, -3e-11f, 0.0f, 2e-11f},
+       4},
+      {"nan", {1.0f, kNan, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 1.0f, 2.0f}, 12},
+      {"infinity in the last block",
+       {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 1.0f,
+        std::numeric_limits<float>::infinity(), 2.0f},
+       12},
+  };
+  const QuantParams format = QuantParams::Int4GroupA8(4, DType::bf16, false);
+  for (const Int8Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto k = static_cast<int64_t>(c.x.size());
+    const int64_t steps = (k + c.group_k - 1) / c.group_k;
+    std::vector<int8_t> q(c.x.size(), 99), again(c.x.size(), 99);
+    std::vector<float> scale(steps, -1.0f), sums(steps, -1.0f);
+    cpu::quantize_int8(c.x.data(), k, c.group_k, q.data(), scale.data(), sums.data());
+    QuantParams grouped = format;
+    grouped.activation_group = c.group_k;
+    std::vector<float> dequantised(c.x.size());
+    quantize_activation_row(grouped, 0.0f, c.x.data(), k, dequantised.data());
+    std::vector<float> scale_again(steps), sums_again(steps);
+    cpu::quantize_int8(dequantised.data(), k, c.group_k, again.data(), scale_again.data(),
+                       sums_again.data());
+    for (int64_t g = 0; g < steps; ++g) {
+      const int64_t k0 = g * c.group_k, k1 = std::min(k, k0 + c.group_k);
+      bool finite = true;
+      float top = 0.0f;
+      for (int64_t i = k0; i < k1; ++i) {
+        finite = finite && std::isfinite(c.x[i]);
+        top = std::max(top, std::fabs(c.x[i]));
+      }
+      if (!finite) {
+        EXPECT_TRUE(std::isnan(scale[g])) << "step " << g;
+        continue;
+      }
+      const float want_scale = std::max(top, kActivationAmaxFloor) / kInt8Max;
+      EXPECT_EQ(scale[g], want_scale) << "step " << g;
+      int64_t sum = 0;
+      for (int64_t i = k0; i < k1; ++i) {
+        const int8_t code = int8_code_at(q.data(), i);
+        EXPECT_EQ(code, static_cast<int8_t>(int8_code(c.x[i], want_scale))) << "x[" << i << "]";
+        EXPECT_EQ(dequantised[i], static_cast<float>(code) * want_scale) << "x[" << i << "]";
+        EXPECT_EQ(int8_code_at(again.data(), i), code) << "requantised x[" << i << "]";
+        sum += code;
+      }
+      EXPECT_EQ(sums[g], static_cast<float>(sum)) << "step " << g;
+      EXPECT_EQ(sums_again[g], sums[g]) << "step " << g;
+    }
+  }
+  const std::vector<int8_t> want_ties = {127, 2, 4, -2, 0, 0, 2, -126};
+  std::vector<int8_t> q(8);
+  std::vector<float> scale(1), sums(1);
+  cpu::quantize_int8(ties.data(), 8, 8, q.data(), scale.data(), sums.data());
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(int8_code_at(q.data(), i), want_ties[i]) << i;
 }
 
 }  // namespace

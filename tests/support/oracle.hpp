@@ -68,12 +68,14 @@ inline std::vector<double> dequantized(const ExpertMatrices& m, int parts, const
 }
 
 // A GEMM input as the format quantises it: f32 values; e4m3 with scale amax / 448 (amax floored
-// at 1e-10) per token or per token per group, or a static scale.
+// at 1e-10) per token or per token per group, or a static scale; or int8 with scale amax / 127
+// per token per group, rounded half to even.
 inline std::vector<double> quantized_input(const QuantParams& q, float static_scale,
                                            const std::vector<double>& x) {
   if (q.activation == ActivationQuant::none) return x;
   const size_t n = x.size();
-  const size_t group = q.activation == ActivationQuant::fp8_per_token_group
+  const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
+  const size_t group = q.activation == ActivationQuant::fp8_per_token_group || int8
                            ? static_cast<size_t>(q.activation_group)
                            : n;
   std::vector<double> out(n);
@@ -83,7 +85,15 @@ inline std::vector<double> quantized_input(const QuantParams& q, float static_sc
     for (size_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
     const float scale = q.activation == ActivationQuant::fp8_static
                             ? static_scale
-                            : std::max(amax, 1e-10f) / 448.0f;
+                            : std::max(amax, 1e-10f) / (int8 ? 127.0f : 448.0f);
+    if (int8) {
+      for (size_t i = g0; i < g1; ++i) {
+        const float v =
+            std::clamp(std::nearbyint(static_cast<float>(x[i]) / scale), -127.0f, 127.0f);
+        out[i] = static_cast<double>(v) * scale;
+      }
+      continue;
+    }
     for (size_t i = g0; i < g1; ++i) {
       const float v = std::clamp(static_cast<float>(x[i]) / scale, -448.0f, 448.0f);
       out[i] = static_cast<double>(to_float(to_e4m3(v))) * scale;

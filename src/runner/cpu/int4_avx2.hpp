@@ -11,6 +11,22 @@
 namespace moekit::cpu {
 namespace {
 
+// Calls kernel.template operator()<M>() with M = rows; rows is 1..4, the streaming kernels'
+// kStreamRows (the caller checks).
+template <typename Kernel>
+void for_row_count(int rows, Kernel kernel) {
+  switch (rows) {
+    case 1:
+      return kernel.template operator()<1>();
+    case 2:
+      return kernel.template operator()<2>();
+    case 3:
+      return kernel.template operator()<3>();
+    default:
+      return kernel.template operator()<4>();
+  }
+}
+
 // The int4 block of a panel that holds k.
 inline __m256i load_int4_block(const uint8_t* panel, int64_t k) {
   return _mm256_loadu_si256(

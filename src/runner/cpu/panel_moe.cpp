@@ -35,10 +35,10 @@ int64_t int4_steps(const QuantParams& q, int64_t k) {
 
 }  // namespace
 
-// A worker's int16 copies of the rows it streams (use_int16_decode): kStreamMaxRows rows of q, and
-// of their per-step scales and sums.
-struct Int16Scratch {
-  int16_t* q = nullptr;
+// A worker's int16 or int8 copies of the rows it streams (int4_stream): kStreamMaxRows rows of
+// codes, and of their per-step scales and sums.
+struct RowCodes {
+  void* q = nullptr;
   float* scale = nullptr;
   float* sums = nullptr;
 };
@@ -48,7 +48,7 @@ struct CallScratch {
   float* y;
   int64_t tile_columns;
   float* work;
-  Int16Scratch int16;
+  RowCodes codes;
   void* bf16_work;
 };
 
@@ -72,18 +72,23 @@ struct PanelMoe::Worker {
   // GEMM's [kGemmRows, tile_columns()], which it fills at the columns of the panels it computes.
   float* y;
   float* work;  // the GEMM's scratch
-  Int16Scratch int16;
+  RowCodes codes;
   void* bf16_work = nullptr;  // gemm_panels_bf16's scratch
 };
 
-bool use_int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate,
-                      DType activations) {
-  if (q.weight_dtype != DType::i4 || activations == DType::f32) return false;
+Int4Stream int4_stream(const QuantParams& q, int64_t hidden, int64_t intermediate,
+                       DType activations) {
+  if (q.weight_dtype != DType::i4) return Int4Stream::f32;
+  const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
+  if (!int8 && activations == DType::f32) return Int4Stream::f32;
   for (const int64_t k : {hidden, intermediate}) {
     const int64_t group = q.block_cols == 0 ? k : q.block_cols;
-    if (k % kInt4BlockK != 0 || group % kInt4BlockK != 0 || group > kInt16MaxStep) return false;
+    const int64_t longest = int8 ? kInt8MaxStep : kInt16MaxStep;
+    if (k % kInt4BlockK != 0 || group % kInt4BlockK != 0 || group > longest) {
+      return Int4Stream::f32;
+    }
   }
-  return true;
+  return int8 ? Int4Stream::int8 : Int4Stream::int16;
 }
 
 bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16) {
@@ -121,11 +126,15 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
                          tile_columns()),
       carver.take<float>(gemm_scratch_floats(widest)),
       {}};
-  // Scratch for the int16 rows wherever some activations' dtype could take them.
-  if (use_int16_decode(problem_.quant, problem_.hidden, problem_.intermediate, DType::bf16)) {
+  // Scratch for integer rows wherever some activations' dtype could take them.
+  const Int4Stream stream =
+      int4_stream(problem_.quant, problem_.hidden, problem_.intermediate, DType::bf16);
+  if (stream != Int4Stream::f32) {
     const int64_t steps = std::max(hidden_steps_, intermediate_steps_);
-    w.int16 = {carver.take<int16_t>(kStreamMaxRows * widest),
-               carver.take<float>(kStreamMaxRows * steps),
+    const int64_t values = kStreamMaxRows * widest;
+    void* q = stream == Int4Stream::int8 ? static_cast<void*>(carver.take<int8_t>(values))
+                                         : static_cast<void*>(carver.take<int16_t>(values));
+    w.codes = {q, carver.take<float>(kStreamMaxRows * steps),
                carver.take<float>(kStreamMaxRows * steps)};
   }
   if (use_bf16_gemm(problem_.quant, DType::bf16, problem_.avx512_bf16)) {
@@ -134,20 +143,16 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
   return w;
 }
 
-bool PanelMoe::int16_inputs(const GroupedRows& rows) const {
-  return use_int16_decode(problem_.quant, problem_.hidden, problem_.intermediate, rows.activations);
+Int4Stream PanelMoe::stream_kind(const GroupedRows& rows) const {
+  return int4_stream(problem_.quant, problem_.hidden, problem_.intermediate, rows.activations);
 }
 
 bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
   return use_bf16_gemm(problem_.quant, rows.activations, problem_.avx512_bf16);
 }
 
-Int16Dot PanelMoe::int16_dot() const {
-  return problem_.avx512_vnni ? Int16Dot::vnni : Int16Dot::pmaddwd;
-}
-
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
-  return {w.y, tile_columns(), w.work, w.int16, w.bf16_work};
+  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -169,9 +174,10 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   void* workers = static_cast<char*>(scratch) + shared_bytes_;
   // Each part (a share of the panels) runs on its own worker with that worker's scratch.
   const int parts = std::min(pool.size(), problem_.threads);
-  // int4 step sums serve only the f32 streaming kernel: int16 rows carry their own.
-  const bool prepares = weights.quant.quantizes_activations() ||
-                        (weights.quant.weight_dtype == DType::i4 && !int16_inputs(rows));
+  // int4 step sums serve only the f32 streaming kernel: integer rows carry their own.
+  const bool prepares =
+      weights.quant.quantizes_activations() ||
+      (weights.quant.weight_dtype == DType::i4 && stream_kind(rows) == Int4Stream::f32);
   for (const bool down : {false, true}) {
     const Stage stage{this, rows, weights, shared, workers, parts, down};
     if (prepares) {
@@ -217,16 +223,57 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
 namespace {
 
 // The inputs of one multiply: rows of x (row stride ldx), with their int4 step sums (`steps`
-// per row, 0 for other formats), and whether streamed rows go through int16 (use_int16_decode).
+// per row, 0 for other formats), and how streamed rows meet int4 weights (int4_stream).
 struct Inputs {
   const float* x;
   int64_t ldx;
   const float* sums;
   int64_t steps;
-  bool int16;
-  Int16Dot dot;
+  Int4Stream stream;
+  bool vnni;  // the integer kernels take AVX-512 VNNI's dot products
   bool bf16;  // GEMM rows take gemm_panels_bf16 (use_bf16_gemm)
 };
+
+// Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
+void quantize_rows(const PanelMatrix& m, const Inputs& in, int64_t r0, int64_t r1,
+                   const RowCodes& codes) {
+  const int64_t steps = m.scale_steps();
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r - r0;
+    const float* x = in.x + r * in.ldx;
+    if (in.stream == Int4Stream::int8) {
+      quantize_int8(x, m.k, m.group_k, static_cast<int8_t*>(codes.q) + i * m.k,
+                    codes.scale + i * steps, codes.sums + i * steps);
+    } else {
+      quantize_int16(x, m.k, m.group_k, static_cast<int16_t*>(codes.q) + i * m.k,
+                     codes.scale + i * steps, codes.sums + i * steps);
+    }
+  }
+}
+
+// Streams rows [rc, rc + rows) (their codes from row rc - r0 of scratch) over panels [pc, pe).
+void stream_codes(const PanelMatrix& m, int64_t pc, int64_t pe, const Inputs& in, int64_t r0,
+                  int64_t rc, int rows, const CallScratch& scratch, int64_t ldy) {
+  const int64_t steps = m.scale_steps();
+  const auto fill = [&](auto& q, auto* codes) {
+    q.m = rows;
+    for (int i = 0; i < rows; ++i) {
+      const int64_t at = rc - r0 + i;
+      q.q[i] = codes + at * m.k;
+      q.scale[i] = scratch.codes.scale + at * steps;
+      q.sums[i] = scratch.codes.sums + at * steps;
+    }
+  };
+  if (in.stream == Int4Stream::int8) {
+    Int8Rows q;
+    fill(q, static_cast<const int8_t*>(scratch.codes.q));
+    stream_panels_int8(m, pc, pe, q, scratch.y, ldy, in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
+  } else {
+    Int16Rows q;
+    fill(q, static_cast<const int16_t*>(scratch.codes.q));
+    stream_panels_int16(m, pc, pe, q, scratch.y, ldy, in.vnni ? Int16Dot::vnni : Int16Dot::pmaddwd);
+  }
+}
 
 // Calls done(first row, rows, first panel, end panel, y, ldy) after each kernel call that
 // computed rows [r0, r1) of the inputs times panels [p0, p1) of m: the result of row r and
@@ -236,15 +283,9 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
               int64_t r1, const CallScratch& scratch, Done done) {
   const bool gemm = use_gemm(r1 - r0);
   const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
-  const int64_t q_steps = m.scale_steps();
-  if (!gemm && in.int16) {
-    // Once per worker and slot: the rows then meet every panel of the worker's share.
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r - r0;
-      quantize_int16(in.x + r * in.ldx, m.k, m.group_k, scratch.int16.q + i * m.k,
-                     scratch.int16.scale + i * q_steps, scratch.int16.sums + i * q_steps);
-    }
-  }
+  const bool codes = !gemm && in.stream != Int4Stream::f32;
+  // Once per worker and slot: the rows then meet every panel of the worker's share.
+  if (codes) quantize_rows(m, in, r0, r1, scratch.codes);
   for (int64_t pc = p0; pc < p1; pc += chunk) {
     const int64_t pe = std::min(p1, pc + chunk);
     if (gemm) {
@@ -263,16 +304,8 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
     }
     for (int64_t rc = r0; rc < r1; rc += kStreamRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kStreamRows, r1 - rc));
-      if (in.int16) {
-        Int16Rows q;
-        q.m = rows;
-        for (int i = 0; i < rows; ++i) {
-          const int64_t at = rc - r0 + i;
-          q.q[i] = scratch.int16.q + at * m.k;
-          q.scale[i] = scratch.int16.scale + at * q_steps;
-          q.sums[i] = scratch.int16.sums + at * q_steps;
-        }
-        stream_panels_int16(m, pc, pe, q, scratch.y, kChunkColumns, in.dot);
+      if (codes) {
+        stream_codes(m, pc, pe, in, r0, rc, rows, scratch, kChunkColumns);
       } else {
         StreamRows x;
         x.m = rows;
@@ -300,24 +333,24 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(
-        weights.w13_panels.slot(slot), p0, p1,
-        {rows.x, H, s.x_sums, hidden_steps_, int16_inputs(rows), int16_dot(), bf16_inputs(rows)},
-        r0, r1, call_scratch(w),
-        [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
-          // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
-          for (int64_t r = 0; r < mr; ++r) {
-            float* act = s.act + (rc + r) * I;
-            const float* y = tile + r * ldy;
-            for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
-              const int64_t i0 = p * kHalfPanel;
-              const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
-              for (int64_t j = 0; j < n; ++j) {
-                act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
-              }
-            }
-          }
-        });
+    multiply(weights.w13_panels.slot(slot), p0, p1,
+             {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), problem_.avx512_vnni,
+              bf16_inputs(rows)},
+             r0, r1, call_scratch(w),
+             [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
+               // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+               for (int64_t r = 0; r < mr; ++r) {
+                 float* act = s.act + (rc + r) * I;
+                 const float* y = tile + r * ldy;
+                 for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
+                   const int64_t i0 = p * kHalfPanel;
+                   const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
+                   for (int64_t j = 0; j < n; ++j) {
+                     act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
+                   }
+                 }
+               }
+             });
   }
 }
 
@@ -339,7 +372,7 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
     multiply(weights.w2_panels.slot(slot), p0, p1,
-             {s.act, I, s.act_sums, intermediate_steps_, int16_inputs(rows), int16_dot(),
+             {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), problem_.avx512_vnni,
               bf16_inputs(rows)},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {

@@ -30,15 +30,20 @@ inline bool use_gemm(int64_t rows) {
   return rows > kStreamMaxRows;
 }
 
-// Whether streamed rows of int4 weights are quantised to int16 per scale step and multiplied
-// with 16-bit integer dot products (stream_panels_int16): about twice the rate of widening
-// every code to f32 (docs/PERFORMANCE.md), which is what lets decode keep up with the memory. An
-// activation then carries an error of at most 2^-16 of its step's largest magnitude, far below
-// bf16's or f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as
-// bf16 or f16 take it; f32 activations keep f32 arithmetic. The kernel also needs K and the groups
-// in whole int4 blocks and groups short enough for exact int32 sums.
-bool use_int16_decode(const QuantParams& q, int64_t hidden, int64_t intermediate,
-                      DType activations);
+// How streamed rows meet int4 weights: widened to f32 with the codes (f32); quantised to int16
+// per scale step and multiplied in 16-bit integer dot products (int16, stream_panels_int16); or,
+// where the format quantises activations to int8 (QuantParams::Int4GroupA8), in 8-bit ones
+// (int8, stream_panels_int8). int16 runs at about twice the rate of f32, int8 at about twice
+// int16's (docs/PERFORMANCE.md), which is what lets decode keep up with the memory.
+//
+// int16 carries an error of at most 2^-16 of the step's largest magnitude, far below bf16's or
+// f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as bf16 or
+// f16 take it; f32 activations keep f32 arithmetic. int8 computes exactly what the format says,
+// whatever the activations' dtype. Both need K and the groups in whole int4 blocks, and int16
+// groups short enough for exact int32 sums; rows that cannot take them stay on f32.
+enum class Int4Stream { f32, int16, int8 };
+Int4Stream int4_stream(const QuantParams& q, int64_t hidden, int64_t intermediate,
+                       DType activations);
 
 // Whether GEMM rows of bf16 weights take the AVX-512 BF16 GEMM (gemm_panels_bf16), 1.6x the f32
 // FMA GEMM where vdpbf16ps issues at the FMA's rate (Sapphire Rapids), more where it is faster. It
@@ -57,7 +62,7 @@ struct GroupedRows {
   float* out = nullptr;              // [out_rows, H]: set to the sum, whatever it held
   int64_t out_rows = 0;
   // The dtype the layer's activations came in as: bf16 or f16 let the kernels compute at a
-  // precision that is still finer than that dtype's (use_int16_decode), f32 keeps f32 throughout.
+  // precision that is still finer than that dtype's (int4_stream), f32 keeps f32 throughout.
   DType activations = DType::f32;
 };
 
@@ -86,9 +91,8 @@ class PanelMoe {
 
   // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
   int64_t tile_columns() const;
-  bool int16_inputs(const GroupedRows& rows) const;
+  Int4Stream stream_kind(const GroupedRows& rows) const;
   bool bf16_inputs(const GroupedRows& rows) const;
-  Int16Dot int16_dot() const;
   CallScratch call_scratch(const Worker& w) const;
 
   ExpertsProblem problem_;

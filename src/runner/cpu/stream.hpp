@@ -53,6 +53,39 @@ enum class Int16Dot { pmaddwd, vnni };
 void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
                          const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot);
 
+// Rows quantised to int8 (quantize_int8) for int4 weights whose format quantises activations
+// to int8 (QuantParams::Int4GroupA8), per scale step of the weights: the codes of every 4 k in
+// the order k0, k2, k1, k3 (the order an int4 block pairs them, stream_int8.hpp), each step's
+// scale and the sum of its codes.
+struct Int8Rows {
+  int m = 0;
+  const int8_t* q[kStreamRows] = {};
+  const float* scale[kStreamRows] = {};
+  const float* sums[kStreamRows] = {};
+};
+
+// The longest scale step whose int32 sums of code x activation cannot overflow (2^20 x 15 x 127
+// < 2^31).
+inline constexpr int64_t kInt8MaxStep = int64_t{1} << 20;
+
+// The instruction of the int8 kernel's dot products: pmaddubsw into 16-bit partial sums (AVX2),
+// or vpdpbusd into int32 (AVX-512 VNNI).
+enum class Int8Dot { maddubs, vnni };
+
+// As stream_panels for int4 weights and int8 rows: y = sum_k w(n, k) * q[k] * scale[step], with
+// 8-bit integer dot products. Needs K and group_k multiples of kInt4BlockK, group_k at most
+// kInt8MaxStep, and `dot` on this CPU (Errc::internal otherwise).
+void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int8Rows& rows,
+                        float* y, int64_t ldy, Int8Dot dot);
+
+// Quantises x [k] (k a multiple of kInt4BlockK) per step of group_k values (a multiple too) as
+// the int8 activation format does (quant/activation_quant.hpp): scale = max(max |x|, 1e-10) /
+// 127, q = x / scale rounded to nearest even; stored in the order of Int8Rows, with the sum of q
+// per step. So rows that already hold q * scale give back the same q. A step holding NaN or an
+// infinity gets a NaN scale, so the rows it reaches come out NaN.
+void quantize_int8(const float* x, int64_t k, int64_t group_k, int8_t* q, float* scales,
+                   float* sums);
+
 // Quantises x [k] per step of group_k values: scale = max |x| / 32767, q = x / scale rounded to
 // nearest, and the sum of q per step. A step of zeros has scale 0; a step holding NaN or an
 // infinity gets a NaN scale, so the rows it reaches come out NaN.

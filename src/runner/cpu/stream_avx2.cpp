@@ -9,9 +9,11 @@
 
 #include "moekit/error.hpp"
 #include "moekit/platform.hpp"
+#include "quant/activation_quant.hpp"
 #include "runner/cpu/int4_avx2.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/cpu/stream_int16.hpp"
+#include "runner/cpu/stream_int8.hpp"
 
 namespace moekit::cpu {
 namespace {
@@ -20,6 +22,21 @@ namespace {
 struct MaddDot {
   static __m256i dot(__m256i acc, __m256i a, __m256i b) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  }
+};
+
+// pmaddubsw: codes (unsigned, at most 15) times activations (at most 127 in magnitude), each
+// pair of products summed into a 16-bit lane, two lanes per row (stream_int8.hpp). A run of 8
+// blocks adds 16 such products per lane, at most 16 x 15 x 127 = 30480, inside int16; pmaddwd by
+// ones then sums each row's two lanes into its int32.
+struct MaddubsDot {
+  static constexpr int64_t kRunK = 8 * kInt4BlockK;
+  static __m256i zero() { return _mm256_setzero_si256(); }
+  static __m256i dot(__m256i part, __m256i codes, __m256i x) {
+    return _mm256_add_epi16(part, _mm256_maddubs_epi16(codes, x));
+  }
+  static __m256i add_to(__m256i sum, __m256i part) {
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(part, _mm256_set1_epi16(1)));
   }
 };
 
@@ -280,6 +297,95 @@ void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
   static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
   if (!cpu_has_vnni) fail(Errc::internal, "stream_panels_int16: this CPU has no AVX-512 VNNI");
   stream_panels_int16_vnni(w, p_begin, p_end, rows, y, ldy);
+}
+
+void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int8Rows& rows,
+                        float* y, int64_t ldy, Int8Dot dot) {
+  if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
+      w.group_k > kInt8MaxStep) {
+    fail(Errc::internal,
+         "stream_panels_int8 needs int4 weights in whole blocks per step of at most {} (got {} "
+         "with K {}, group {})",
+         kInt8MaxStep, dtype_name(w.dtype), w.k, w.group_k);
+  }
+  if (rows.m < 1 || rows.m > kStreamRows) {
+    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows.m);
+  }
+  if (dot == Int8Dot::maddubs) return stream_int8<MaddubsDot>(w, p_begin, p_end, rows, y, ldy);
+  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
+  if (!cpu_has_vnni) fail(Errc::internal, "stream_panels_int8: this CPU has no AVX-512 VNNI");
+  stream_panels_int8_vnni(w, p_begin, p_end, rows, y, ldy);
+}
+
+void quantize_int8(const float* x, int64_t k, int64_t group_k, int8_t* q, float* scales,
+                   float* sums) {
+  if (k % kInt4BlockK != 0 || group_k % kInt4BlockK != 0) {
+    fail(Errc::internal, "quantize_int8 needs K ({}) and the group ({}) in whole blocks of {}", k,
+         group_k, kInt4BlockK);
+  }
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 limit = _mm256_set1_ps(kInt8Max);
+  // Within each block of 4: k0, k2, k1, k3 (Int8Rows).
+  const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+  for (int64_t g = 0, k0 = 0; k0 < k; ++g, k0 += group_k) {
+    const int64_t k1 = std::min(k, k0 + group_k);
+    __m256 top = _mm256_setzero_ps();
+    __m256 nonfinite = _mm256_setzero_ps();
+    int64_t i = k0;
+    for (; i + 8 <= k1; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
+      nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(v, _mm256_setzero_ps()));
+    }
+    alignas(32) float lanes[8], checks[8];
+    _mm256_store_ps(lanes, top);
+    _mm256_store_ps(checks, nonfinite);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < 8; ++j) {
+      amax = std::max(amax, lanes[j]);
+      finite = finite && checks[j] == 0.0f;
+    }
+    for (int64_t t = i; t < k1; ++t) {
+      amax = std::max(amax, std::fabs(x[t]));
+      finite = finite && std::isfinite(x[t]);
+    }
+    if (!finite) {
+      scales[g] = std::numeric_limits<float>::quiet_NaN();
+      sums[g] = 0.0f;
+      std::fill(q + k0, q + k1, int8_t{0});
+      continue;
+    }
+    // Divided, not multiplied by an inverse, to round exactly as the format does.
+    const float scale = std::max(amax, kActivationAmaxFloor) / kInt8Max;
+    const __m256 divisor = _mm256_set1_ps(scale);
+    __m256i total = _mm256_setzero_si256();
+    i = k0;
+    for (; i + 8 <= k1; i += 8) {
+      const __m256 rounded = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), divisor),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i codes = _mm256_cvtps_epi32(
+          _mm256_max_ps(_mm256_min_ps(rounded, limit), _mm256_sub_ps(_mm256_setzero_ps(), limit)));
+      total = _mm256_add_epi32(total, codes);
+      const __m128i words =
+          _mm_packs_epi32(_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1));
+      const __m128i bytes = _mm_shuffle_epi8(_mm_packs_epi16(words, words), order);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), bytes);
+    }
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), total);
+    int64_t sum = 0;
+    for (int32_t part : parts) sum += part;
+    // A group of 8 n + 4 ends with one block of 4.
+    constexpr int kOrder[kInt4BlockK] = {0, 2, 1, 3};
+    for (; i < k1; ++i) {
+      const float code = std::clamp(std::nearbyint(x[i] / scale), -kInt8Max, kInt8Max);
+      q[i - i % kInt4BlockK + kOrder[i % kInt4BlockK]] = static_cast<int8_t>(code);
+      sum += static_cast<int64_t>(code);
+    }
+    scales[g] = scale;
+    sums[g] = static_cast<float>(sum);
+  }
 }
 
 void quantize_int16(const float* x, int64_t k, int64_t group_k, int16_t* q, float* scales,

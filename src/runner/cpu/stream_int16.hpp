@@ -20,22 +20,6 @@ void stream_panels_int16_vnni(const PanelMatrix& w, int64_t p_begin, int64_t p_e
 
 namespace {
 
-// Calls kernel.template operator()<M>() with M = rows; rows is 1..kStreamRows (the caller
-// checks).
-template <typename Kernel>
-void for_row_count(int rows, Kernel kernel) {
-  switch (rows) {
-    case 1:
-      return kernel.template operator()<1>();
-    case 2:
-      return kernel.template operator()<2>();
-    case 3:
-      return kernel.template operator()<3>();
-    default:
-      return kernel.template operator()<4>();
-  }
-}
-
 inline __m256i broadcast_pair(const int16_t* q) {
   int32_t pair;
   std::memcpy(&pair, q, sizeof pair);
