@@ -32,7 +32,8 @@ double seconds_since(Clock::time_point start) {
 // ceiling measured next to each repeat keeps floor / time honest when it does.
 class CacheFlusher {
  public:
-  CacheFlusher(SimdIsa isa, int64_t bytes, int threads) : isa_(isa), pool_(threads) {
+  CacheFlusher(SimdIsa isa, int64_t bytes, int threads)
+      : isa_(isa), pool_(ThreadPool::shared(threads)) {
     constexpr int64_t kAtLeast = int64_t{64} << 20;
     const int64_t last_level = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
     const int64_t n =
@@ -56,7 +57,9 @@ class CacheFlusher {
 
  private:
   SimdIsa isa_;
-  ThreadPool pool_;
+  // The pool the layers run on (ThreadPool::shared), as a model's other layers would use it: its
+  // workers come out of the read spinning, ready for the layer, not spinning beside it.
+  ThreadPool& pool_;
   Tensor buffer_;
   std::vector<float> partial_;
   volatile float last_sum_ = 0.0f;  // read by nobody; keeps the reads from being elided

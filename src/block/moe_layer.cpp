@@ -157,7 +157,7 @@ class MoeLayer::Impl {
   // Everything but the weights: the experts layers, the router's scratch, the batch buffers.
   explicit Impl(const Plan& plan)
       : plan_(plan),
-        pool_(plan.threads),
+        pool_(ThreadPool::shared(plan.threads)),
         top_k_(plan.spec.routing.top_k),
         columns_(top_k_ + plan.shared_slots),
         routed_(plan, routed_problem(), routed_global_to_local()) {
@@ -426,7 +426,7 @@ class MoeLayer::Impl {
   }
 
   Plan plan_;
-  ThreadPool pool_;
+  ThreadPool& pool_;  // ThreadPool::shared
   int top_k_;
   int columns_;
   ExpertsLayer routed_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <memory>
 
 #include "moekit/error.hpp"
 
@@ -36,6 +38,15 @@ bool spin_until(Ready ready) {
 }
 
 }  // namespace
+
+ThreadPool& ThreadPool::shared(int threads) {
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  std::lock_guard lock(mutex);
+  std::unique_ptr<ThreadPool>& pool = pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
+  return *pool;
+}
 
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1) fail(Errc::internal, "a thread pool needs at least one thread, got {}", threads);

@@ -23,6 +23,13 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // The process's pool of `threads` threads, made on first use. Every layer planned for the same
+  // thread count runs its loops on it: a model's layers run one after another, so the workers
+  // that one layer's loops leave spinning are the ones the next layer's loops need, where a pool
+  // per layer would leave them spinning on the cores the next layer's workers wait for. Loops
+  // of layers called from several threads at once take turns.
+  static ThreadPool& shared(int threads);
+
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls body(begin, end) over [0, n) split into at most size() contiguous chunks; the calling

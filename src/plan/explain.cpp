@@ -50,7 +50,7 @@ std::string Plan::explain() const {
   text += fmt::format(
       "  options:  runner={} a2a={} weights={} form={} ep={}/{} (+{} redundant) device={} "
       "strict={} max_tokens={} threads={}\n",
-      runner_name(o.runner), a2a_name(o.a2a), weight_format_name(o.weights.format),
+      runner_name(o.runner), a2a_name(o.a2a), o.weights.name(),
       block_form_name(o.form), o.ep.rank, o.ep.size, o.ep.redundant, o.device.str(),
       o.strict ? "yes" : "no", o.max_tokens, threads);
   for (const Decision& d : decisions) {

@@ -217,7 +217,7 @@ void record_tensors(Plan& plan) {
 
 void decide_quant_and_runner(Plan& plan) {
   const Options& options = plan.options;
-  const std::string format_name(weight_format_name(options.weights.format));
+  const std::string format_name = options.weights.name();
   const QuantEntry* quant = find_quant(options.weights.format);
   if (quant == nullptr) {
     refuse(fmt::format("weights={}", format_name),

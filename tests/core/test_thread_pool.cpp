@@ -192,5 +192,15 @@ TEST(ThreadPoolConcurrency, LoopsFromSeveralCallerThreadsEachCoverTheirRange) {
   EXPECT_EQ(failures, std::vector<int>(kCallers, 0));
 }
 
+TEST(ThreadPoolShared, IsOnePoolPerThreadCount) {
+  ThreadPool& three = ThreadPool::shared(3);
+  EXPECT_EQ(&ThreadPool::shared(3), &three);
+  EXPECT_EQ(three.size(), 3);
+  ThreadPool& two = ThreadPool::shared(2);
+  EXPECT_NE(&two, &three);
+  EXPECT_EQ(two.size(), 2);
+  EXPECT_EQ(visit_counts(three, 50), std::vector<int>(50, 1));
+}
+
 }  // namespace
 }  // namespace moekit

@@ -849,12 +849,15 @@ TEST(QuantizeRefuses, InvalidQuantParams) {
   fp8_tensor_with_columns.block_cols = 64;
   QuantParams int4_with_fp8_activations = QuantParams::Int4Group();
   int4_with_fp8_activations.activation = ActivationQuant::fp8_per_token;
+  QuantParams int8_activations_of_another_group = QuantParams::Int4GroupA8(128);
+  int8_activations_of_another_group.activation_group = 64;
   struct Case {
     QuantParams params;
     const char* fragment;
   };
   const Case cases[] = {
       {QuantParams::Int4Group(63), "even group size"},
+      {int8_activations_of_another_group, "int8 per token per weight group"},
       {QuantParams::Int4Group(0), "even group size"},
       {QuantParams::Int4Group(128, DType::f32), "scales are f16 or bf16"},
       {QuantParams::Fp8Block(0), "positive block sizes"},

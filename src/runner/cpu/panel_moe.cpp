@@ -201,7 +201,16 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
   const float static_scale =
       stage.down ? stage.weights.w2_input_scale : stage.weights.w13_input_scale;
   const cpu::PanelStack& panels = stage.down ? stage.weights.w2_panels : stage.weights.w13_panels;
+  // The int8 kernel quantises the rows it streams itself, from the values as they are, to the
+  // same codes (quantize_int8), so only the GEMM's rows are rounded here.
+  const bool int8 = stream_kind(stage.rows) == Int4Stream::int8;
+  const int64_t* offsets = stage.rows.offsets;
+  const int64_t* slot_end = offsets + 1;
   for (int64_t r = begin; r < end; ++r) {
+    if (int8) {
+      slot_end = std::upper_bound(slot_end, offsets + problem_.slots + 1, r);
+      if (!use_gemm(*slot_end - slot_end[-1])) continue;
+    }
     float* row = x + r * width;
     quantize_activation_row(q, static_scale, row, width, row);
     if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
