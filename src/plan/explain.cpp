@@ -50,9 +50,8 @@ std::string Plan::explain() const {
   text += fmt::format(
       "  options:  runner={} a2a={} weights={} form={} ep={}/{} (+{} redundant) device={} "
       "strict={} max_tokens={} threads={}\n",
-      runner_name(o.runner), a2a_name(o.a2a), o.weights.name(),
-      block_form_name(o.form), o.ep.rank, o.ep.size, o.ep.redundant, o.device.str(),
-      o.strict ? "yes" : "no", o.max_tokens, threads);
+      runner_name(o.runner), a2a_name(o.a2a), o.weights.name(), block_form_name(o.form), o.ep.rank,
+      o.ep.size, o.ep.redundant, o.device.str(), o.strict ? "yes" : "no", o.max_tokens, threads);
   for (const Decision& d : decisions) {
     text += fmt::format("  {:<15} {:<15} {}\n", plan_layer_name(d.layer), d.topic, d.choice);
     if (!d.reason.empty()) text += fmt::format("  {:<31} why: {}\n", "", d.reason);
