@@ -504,7 +504,8 @@ struct Int8Case {
 
 // quantize_int8 per step stores exactly the codes, scales and sums of the int8 activation format
 // (quantize_activation_row), in the order of Int8Rows; the same again from rows that already hold
-// the format's q * scale; and a NaN scale for a step with NaN or infinity.
+// the format's q * scale; and a NaN scale for a step with NaN or infinity. round_to_int8 gives the
+// format's q * scale, NaN for such a step.
 TEST(QuantizeInt8, StoresTheFormatsCodesInBlockOrderAndFlagsNonFinite) {
   if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
   constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
@@ -540,6 +541,8 @@ TEST(QuantizeInt8, StoresTheFormatsCodesInBlockOrderAndFlagsNonFinite) {
     std::vector<float> scale_again(steps), sums_again(steps);
     cpu::quantize_int8(dequantised.data(), k, c.group_k, again.data(), scale_again.data(),
                        sums_again.data());
+    std::vector<float> rounded = c.x;
+    cpu::round_to_int8(rounded.data(), k, c.group_k);
     for (int64_t g = 0; g < steps; ++g) {
       const int64_t k0 = g * c.group_k, k1 = std::min(k, k0 + c.group_k);
       bool finite = true;
@@ -550,9 +553,11 @@ TEST(QuantizeInt8, StoresTheFormatsCodesInBlockOrderAndFlagsNonFinite) {
       }
       if (!finite) {
         EXPECT_TRUE(std::isnan(scale[g])) << "step " << g;
+        for (int64_t i = k0; i < k1; ++i) EXPECT_TRUE(std::isnan(rounded[i])) << "x[" << i << "]";
         continue;
       }
       const float want_scale = std::max(top, kActivationAmaxFloor) / kInt8Max;
+      for (int64_t i = k0; i < k1; ++i) EXPECT_EQ(rounded[i], dequantised[i]) << "x[" << i << "]";
       EXPECT_EQ(scale[g], want_scale) << "step " << g;
       int64_t sum = 0;
       for (int64_t i = k0; i < k1; ++i) {

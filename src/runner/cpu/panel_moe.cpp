@@ -212,7 +212,11 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
       if (!use_gemm(*slot_end - slot_end[-1])) continue;
     }
     float* row = x + r * width;
-    quantize_activation_row(q, static_scale, row, width, row);
+    if (int8) {
+      round_to_int8(row, width, q.activation_group);
+    } else {
+      quantize_activation_row(q, static_scale, row, width, row);
+    }
     if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
   }
 }

@@ -86,6 +86,12 @@ void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, co
 void quantize_int8(const float* x, int64_t k, int64_t group_k, int8_t* q, float* scales,
                    float* sums);
 
+// Rounds x [k] in place to the values the int8 activation format gives them per group of
+// group_k, q * scale with q and scale as quantize_int8 makes them: exactly what
+// quantize_activation_row does for QuantParams::Int4GroupA8, for the rows the GEMM takes. A
+// group holding NaN or an infinity becomes NaN.
+void round_to_int8(float* x, int64_t k, int64_t group_k);
+
 // Quantises x [k] per step of group_k values: scale = max |x| / 32767, q = x / scale rounded to
 // nearest, and the sum of q per step. A step of zeros has scale 0; a step holding NaN or an
 // infinity gets a NaN scale, so the rows it reaches come out NaN.

@@ -317,55 +317,97 @@ void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, co
   stream_panels_int8_vnni(w, p_begin, p_end, rows, y, ldy);
 }
 
+namespace {
+
+// The largest magnitude of x [k0, k1), and whether all of it is finite.
+struct GroupRange {
+  float amax;
+  bool finite;
+};
+GroupRange group_range(const float* x, int64_t k0, int64_t k1) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 top = _mm256_setzero_ps();
+  __m256 nonfinite = _mm256_setzero_ps();  // x * 0 summed: NaN where any x is NaN or infinite
+  int64_t i = k0;
+  for (; i + 8 <= k1; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
+    nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(v, _mm256_setzero_ps()));
+  }
+  alignas(32) float lanes[8], checks[8];
+  _mm256_store_ps(lanes, top);
+  _mm256_store_ps(checks, nonfinite);
+  GroupRange range{0.0f, true};
+  for (int j = 0; j < 8; ++j) {
+    range.amax = std::max(range.amax, lanes[j]);
+    range.finite = range.finite && checks[j] == 0.0f;
+  }
+  for (; i < k1; ++i) {
+    range.amax = std::max(range.amax, std::fabs(x[i]));
+    range.finite = range.finite && std::isfinite(x[i]);
+  }
+  return range;
+}
+
+// x / scale rounded to nearest even and saturated to +-127, as int8_code (activation_quant.hpp).
+// Divided, not multiplied by an inverse, to round exactly as the format does.
+inline __m256 int8_codes(__m256 x, __m256 scale) {
+  const __m256 limit = _mm256_set1_ps(kInt8Max);
+  const __m256 rounded =
+      _mm256_round_ps(_mm256_div_ps(x, scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_max_ps(_mm256_min_ps(rounded, limit), _mm256_sub_ps(_mm256_setzero_ps(), limit));
+}
+
+inline float int8_scale(float amax) {
+  return std::max(amax, kActivationAmaxFloor) / kInt8Max;
+}
+
+}  // namespace
+
+void round_to_int8(float* x, int64_t k, int64_t group_k) {
+  for (int64_t k0 = 0; k0 < k; k0 += group_k) {
+    const int64_t k1 = std::min(k, k0 + group_k);
+    const auto [amax, finite] = group_range(x, k0, k1);
+    if (!finite) {
+      // As from the int8 kernel (quantize_int8), every output the group reaches is NaN.
+      std::fill(x + k0, x + k1, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const float scale = int8_scale(amax);
+    const __m256 divisor = _mm256_set1_ps(scale);
+    int64_t i = k0;
+    for (; i + 8 <= k1; i += 8) {
+      _mm256_storeu_ps(x + i, _mm256_mul_ps(int8_codes(_mm256_loadu_ps(x + i), divisor), divisor));
+    }
+    for (; i < k1; ++i) {
+      x[i] = std::clamp(std::nearbyint(x[i] / scale), -kInt8Max, kInt8Max) * scale;
+    }
+  }
+}
+
 void quantize_int8(const float* x, int64_t k, int64_t group_k, int8_t* q, float* scales,
                    float* sums) {
   if (k % kInt4BlockK != 0 || group_k % kInt4BlockK != 0) {
     fail(Errc::internal, "quantize_int8 needs K ({}) and the group ({}) in whole blocks of {}", k,
          group_k, kInt4BlockK);
   }
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 limit = _mm256_set1_ps(kInt8Max);
   // Within each block of 4: k0, k2, k1, k3 (Int8Rows).
   const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
   for (int64_t g = 0, k0 = 0; k0 < k; ++g, k0 += group_k) {
     const int64_t k1 = std::min(k, k0 + group_k);
-    __m256 top = _mm256_setzero_ps();
-    __m256 nonfinite = _mm256_setzero_ps();
-    int64_t i = k0;
-    for (; i + 8 <= k1; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
-      top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
-      nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(v, _mm256_setzero_ps()));
-    }
-    alignas(32) float lanes[8], checks[8];
-    _mm256_store_ps(lanes, top);
-    _mm256_store_ps(checks, nonfinite);
-    float amax = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < 8; ++j) {
-      amax = std::max(amax, lanes[j]);
-      finite = finite && checks[j] == 0.0f;
-    }
-    for (int64_t t = i; t < k1; ++t) {
-      amax = std::max(amax, std::fabs(x[t]));
-      finite = finite && std::isfinite(x[t]);
-    }
+    const auto [amax, finite] = group_range(x, k0, k1);
     if (!finite) {
       scales[g] = std::numeric_limits<float>::quiet_NaN();
       sums[g] = 0.0f;
       std::fill(q + k0, q + k1, int8_t{0});
       continue;
     }
-    // Divided, not multiplied by an inverse, to round exactly as the format does.
-    const float scale = std::max(amax, kActivationAmaxFloor) / kInt8Max;
+    const float scale = int8_scale(amax);
     const __m256 divisor = _mm256_set1_ps(scale);
     __m256i total = _mm256_setzero_si256();
-    i = k0;
+    int64_t i = k0;
     for (; i + 8 <= k1; i += 8) {
-      const __m256 rounded = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), divisor),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m256i codes = _mm256_cvtps_epi32(
-          _mm256_max_ps(_mm256_min_ps(rounded, limit), _mm256_sub_ps(_mm256_setzero_ps(), limit)));
+      const __m256i codes = _mm256_cvtps_epi32(int8_codes(_mm256_loadu_ps(x + i), divisor));
       total = _mm256_add_epi32(total, codes);
       const __m128i words =
           _mm_packs_epi32(_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1));
