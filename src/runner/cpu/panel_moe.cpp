@@ -1,6 +1,8 @@
 #include "runner/cpu/panel_moe.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
@@ -65,6 +67,7 @@ struct PanelMoe::Shared {
   float* act;       // [max_rows, I]: GEMM2's inputs
   float* x_sums;    // int4: [max_rows, hidden_steps_]
   float* act_sums;  // int4: [max_rows, intermediate_steps_]
+  int32_t* ready;   // [slots]: the parts done with the slot's GEMM1, when one loop runs both
 };
 
 struct PanelMoe::Worker {
@@ -110,7 +113,8 @@ PanelMoe::PanelMoe(const ExpertsProblem& problem)
 PanelMoe::Shared PanelMoe::carve_shared(ScratchCarver& carver) const {
   const int64_t rows = problem_.max_rows();
   return {carver.take<float>(rows * problem_.intermediate),
-          carver.take<float>(rows * hidden_steps_), carver.take<float>(rows * intermediate_steps_)};
+          carver.take<float>(rows * hidden_steps_), carver.take<float>(rows * intermediate_steps_),
+          carver.take<int32_t>(problem_.slots)};
 }
 
 int64_t PanelMoe::tile_columns() const {
@@ -164,7 +168,8 @@ struct PanelMoe::Stage {
   const Shared& shared;
   void* workers;
   int parts;
-  bool down;  // GEMM2 (inputs: the activations), else GEMM1 (inputs: rows.x)
+  bool down;       // GEMM2 (inputs: the activations), else GEMM1 (inputs: rows.x)
+  int32_t* ready;  // not null: one loop runs both GEMMs, counting the parts done per slot
 };
 
 void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
@@ -174,12 +179,23 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   void* workers = static_cast<char*>(scratch) + shared_bytes_;
   // Each part (a share of the panels) runs on its own worker with that worker's scratch.
   const int parts = std::min(pool.size(), problem_.threads);
-  // int4 step sums serve only the f32 streaming kernel: integer rows carry their own.
-  const bool prepares =
-      weights.quant.quantizes_activations() ||
-      (weights.quant.weight_dtype == DType::i4 && stream_kind(rows) == Int4Stream::f32);
+  const bool prepares = needs_prepare(rows, weights.quant);
+  if (!prepares) {
+    // With no pass over the rows between the GEMMs, one loop runs both: a part moves on to its
+    // share of GEMM2 as soon as it is done with its share of GEMM1, waiting only on a slot whose
+    // activations another part has not finished (by then, rarely), so it never waits at a
+    // barrier for the slowest part. At decode the two parts' speeds differ with the memory's,
+    // and that wait was a tenth of the layer. parallel_chunks gives each part its own thread
+    // (parts <= pool.size()), so no part waits on one queued behind it.
+    std::fill_n(shared.ready, problem_.slots, 0);
+    const Stage stage{this, rows, weights, shared, workers, parts, false, shared.ready};
+    pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
+      stage.moe->run_parts(stage, begin, end, worker);
+    });
+    return;
+  }
   for (const bool down : {false, true}) {
-    const Stage stage{this, rows, weights, shared, workers, parts, down};
+    const Stage stage{this, rows, weights, shared, workers, parts, down, nullptr};
     if (prepares) {
       const int64_t width = down ? problem_.intermediate : problem_.hidden;
       for_rows(pool, rows.n_rows, rows.n_rows * width, [&stage](int64_t begin, int64_t end) {
@@ -225,10 +241,22 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
   ScratchCarver carver(worker_scratch(stage.workers, worker_bytes_, worker));
   const Worker w = carve_worker(carver);
   for (int64_t part = begin; part < end; ++part) {
-    if (stage.down) {
-      down(stage.rows, stage.weights, stage.shared, w, static_cast<int>(part), stage.parts);
+    const int p = static_cast<int>(part);
+    if (stage.ready != nullptr) {
+      try {
+        gate_up(stage.rows, stage.weights, stage.shared, w, p, stage.parts, stage.ready);
+      } catch (...) {
+        // The other parts must not wait for activations that will never come.
+        for (int slot = 0; slot < problem_.slots; ++slot) {
+          std::atomic_ref<int32_t>(stage.ready[slot]).store(stage.parts, std::memory_order_release);
+        }
+        throw;
+      }
+      down(stage.rows, stage.weights, stage.shared, w, p, stage.parts, stage.ready);
+    } else if (stage.down) {
+      down(stage.rows, stage.weights, stage.shared, w, p, stage.parts, nullptr);
     } else {
-      gate_up(stage.rows, stage.weights, stage.shared, w, static_cast<int>(part), stage.parts);
+      gate_up(stage.rows, stage.weights, stage.shared, w, p, stage.parts, nullptr);
     }
   }
 }
@@ -335,8 +363,21 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
 
 }  // namespace
 
+bool PanelMoe::needs_prepare(const GroupedRows& rows, const QuantParams& q) const {
+  const Int4Stream stream = stream_kind(rows);
+  // int4 step sums serve only the f32 streaming kernel: integer rows carry their own.
+  if (q.weight_dtype == DType::i4 && stream == Int4Stream::f32) return true;
+  if (!q.quantizes_activations()) return false;
+  if (stream != Int4Stream::int8) return true;
+  // The int8 kernel quantises the rows it streams itself; only the GEMM's rows need the pass.
+  for (int slot = 0; slot < problem_.slots; ++slot) {
+    if (use_gemm(rows.offsets[slot + 1] - rows.offsets[slot])) return true;
+  }
+  return false;
+}
+
 void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
-                       const Worker& w, int part, int parts) const {
+                       const Worker& w, int part, int parts, int32_t* ready) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
   const int64_t panels = weights.w13_panels.first.panels();
@@ -364,11 +405,14 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
                  }
                }
              });
+    if (ready != nullptr) {
+      std::atomic_ref<int32_t>(ready[slot]).fetch_add(1, std::memory_order_release);
+    }
   }
 }
 
 void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
-                    const Worker& w, int part, int parts) const {
+                    const Worker& w, int part, int parts, int32_t* ready) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
   const int64_t panels = weights.w2_panels.first.panels();
@@ -384,6 +428,10 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
+    if (ready != nullptr) {
+      const std::atomic_ref<int32_t> done(ready[slot]);
+      while (done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
+    }
     multiply(weights.w2_panels.slot(slot), p0, p1,
              {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), problem_.avx512_vnni,
               bf16_inputs(rows)},
