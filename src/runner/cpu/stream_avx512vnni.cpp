@@ -5,8 +5,6 @@
 
 #include <immintrin.h>
 
-#include <limits>
-
 #include "runner/cpu/stream_int16.hpp"
 #include "runner/cpu/stream_int8.hpp"
 
@@ -19,7 +17,7 @@ struct VnniDot {
 
 // Sums go straight to int32 (at most 4 x 15 x 127 per block), so a run is a whole step.
 struct VnniByteDot {
-  static constexpr int64_t kRunK = std::numeric_limits<int64_t>::max() / 2;
+  static constexpr int64_t kRunK = kInt8MaxStep;
   static __m256i zero() { return _mm256_setzero_si256(); }
   static __m256i dot(__m256i part, __m256i codes, __m256i x) {
     return _mm256_dpbusd_epi32(part, codes, x);

@@ -35,8 +35,8 @@ inline __m256i broadcast_block(const int8_t* q) {
   return _mm256_set1_epi32(block);
 }
 
-// Per scale step: the blocks' dot products go into partial sums (Dot::Partial) for runs of
-// Dot::kRunK values of k, then into exact int32 sums; at the step's end, per row,
+// Per scale step: the blocks' dot products go into partial sums for runs of Dot::kRunK values of
+// k per set, then into exact int32 sums; at the step's end, per row,
 // (sum - offset * sum of q) * weight scale * activation scale. One or two rows keep a second set
 // of partial sums for every other block, so that chains of dependent dot products stay short.
 template <typename Dot, int M>
@@ -53,7 +53,8 @@ void int4_panel_int8(const PanelMatrix& w, int64_t p, const Int8Rows& rows, floa
     for (int r = 0; r < M; ++r) sum_lo[r] = sum_hi[r] = _mm256_setzero_si256();
     const uint8_t* codes = panel + k0 / kInt4BlockK * kInt4BlockBytes;
     for (int64_t k = k0; k < k1;) {
-      const int64_t run_end = std::min(k1, k + Dot::kRunK);
+      // Each set takes every other block, so two sets double the run.
+      const int64_t run_end = std::min(k1, k + kSets * Dot::kRunK);
       __m256i lo[kSets][M], hi[kSets][M];
 #pragma GCC unroll 8
       for (int i = 0; i < kSets * M; ++i) lo[i / M][i % M] = hi[i / M][i % M] = Dot::zero();
