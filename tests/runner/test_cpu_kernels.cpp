@@ -276,6 +276,44 @@ TEST_P(Int8StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   }
 }
 
+// Every code at its largest (15) against every activation at +-127 over one long step: the
+// largest partial sums the kernel keeps, which must not wrap.
+TEST(Int8StreamingKernelLimits, SumsTheLargestProductsExactly) {
+  if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
+  constexpr int64_t K = 512;
+  std::vector<uint8_t> codes(K * cpu::kPanelRows / 2, 0xFF);
+  std::vector<float> scale(cpu::kPanelRows, 1.0f);
+  PanelMatrix w;
+  w.dtype = DType::i4;
+  w.data = codes.data();
+  w.n = cpu::kPanelRows;
+  w.k = K;
+  w.group_k = K;
+  w.scale = scale.data();
+  for (const float value : {1.0f, -1.0f}) {
+    const std::vector<float> x(K, value);
+    std::vector<int8_t> q(K);
+    float x_scale = 0.0f, x_sum = 0.0f;
+    cpu::quantize_int8(x.data(), K, K, q.data(), &x_scale, &x_sum);
+    ASSERT_EQ(q[0], value > 0 ? 127 : -127);
+    for (int m = 1; m <= cpu::kStreamRows; ++m) {
+      cpu::Int8Rows in;
+      in.m = m;
+      for (int r = 0; r < m; ++r) {
+        in.q[r] = q.data();
+        in.scale[r] = &x_scale;
+        in.sums[r] = &x_sum;
+      }
+      for (const cpu::Int8Dot dot : int8_dots()) {
+        std::vector<float> y(m * cpu::kPanelRows, std::numeric_limits<float>::quiet_NaN());
+        cpu::stream_panels_int8(w, 0, 1, in, y.data(), cpu::kPanelRows, dot);
+        // Each weight is (15 - 8) * 1.
+        for (float v : y) EXPECT_FLOAT_EQ(v, 7.0f * K * value) << "rows " << m;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Int4Formats, Int8StreamingKernel,
                          ::testing::ValuesIn(format_shapes(/*w4a16_only=*/true)),
                          format_shape_name);
