@@ -179,8 +179,7 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   void* workers = static_cast<char*>(scratch) + shared_bytes_;
   // Each part (a share of the panels) runs on its own worker with that worker's scratch.
   const int parts = std::min(pool.size(), problem_.threads);
-  const bool prepares = needs_prepare(rows, weights.quant);
-  if (!prepares) {
+  if (!needs_prepare(rows, weights.quant)) {
     // With no pass over the rows between the GEMMs, one loop runs both: a part moves on to its
     // share of GEMM2 as soon as it is done with its share of GEMM1, waiting only on a slot whose
     // activations another part has not finished (by then, rarely), so it never waits at a
@@ -196,12 +195,10 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   }
   for (const bool down : {false, true}) {
     const Stage stage{this, rows, weights, shared, workers, parts, down, nullptr};
-    if (prepares) {
-      const int64_t width = down ? problem_.intermediate : problem_.hidden;
-      for_rows(pool, rows.n_rows, rows.n_rows * width, [&stage](int64_t begin, int64_t end) {
-        stage.moe->prepare_inputs(stage, begin, end);
-      });
-    }
+    const int64_t width = down ? problem_.intermediate : problem_.hidden;
+    for_rows(pool, rows.n_rows, rows.n_rows * width, [&stage](int64_t begin, int64_t end) {
+      stage.moe->prepare_inputs(stage, begin, end);
+    });
     pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
       stage.moe->run_parts(stage, begin, end, worker);
     });
