@@ -183,9 +183,10 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
     // With no pass over the rows between the GEMMs, one loop runs both: a part moves on to its
     // share of GEMM2 as soon as it is done with its share of GEMM1, waiting only on a slot whose
     // activations another part has not finished (by then, rarely), so it never waits at a
-    // barrier for the slowest part. At decode the two parts' speeds differ with the memory's,
-    // and that wait was a tenth of the layer. parallel_chunks gives each part its own thread
-    // (parts <= pool.size()), so no part waits on one queued behind it.
+    // barrier for the slowest part. At decode the parts' speeds differ with the memory's: on
+    // the 2-core VM of docs/PERFORMANCE.md they finished GEMM1 0.07 ms apart, of 0.6 ms.
+    // parallel_chunks gives each part its own thread (parts <= pool.size()), so no part waits
+    // on one queued behind it.
     std::fill_n(shared.ready, problem_.slots, 0);
     const Stage stage{this, rows, weights, shared, workers, parts, false, shared.ready};
     pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
