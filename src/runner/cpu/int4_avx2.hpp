@@ -61,6 +61,32 @@ inline Int4Offsets int4_offsets(const PanelMatrix& w, int64_t p, int64_t g) {
   return {_mm256_loadu_ps(offset), _mm256_loadu_ps(offset + kHalfPanel)};
 }
 
+// The weight scales and offsets of scale step g of panel p, rows 0-7 and 8-15.
+struct Int4StepScales {
+  __m256 low;
+  __m256 high;
+  Int4Offsets offset;
+};
+inline Int4StepScales int4_step_scales(const PanelMatrix& w, int64_t p, int64_t g) {
+  const float* scale = w.panel_scale(p) + g * kPanelRows;
+  return {_mm256_loadu_ps(scale), _mm256_loadu_ps(scale + kHalfPanel), int4_offsets(w, p, g)};
+}
+
+// For the integer streaming kernels (stream_int16.hpp, stream_int8.hpp): adds one row's scale
+// step to its outputs, (sum - offset * q_sum) * weight scale * q_scale, where sum holds the
+// step's exact int32 sums of code x q (rows 0-7 in sum_low, 8-15 in sum_high) and q_sum and
+// q_scale are the sum and the scale of the row's codes over the step.
+inline void add_integer_step(const Int4StepScales& s, __m256i sum_low, __m256i sum_high,
+                             const float* q_sum, const float* q_scale, __m256& out_low,
+                             __m256& out_high) {
+  const __m256 sum = _mm256_broadcast_ss(q_sum);
+  const __m256 scale = _mm256_broadcast_ss(q_scale);
+  const __m256 l = _mm256_fnmadd_ps(s.offset.low, sum, _mm256_cvtepi32_ps(sum_low));
+  const __m256 h = _mm256_fnmadd_ps(s.offset.high, sum, _mm256_cvtepi32_ps(sum_high));
+  out_low = _mm256_fmadd_ps(_mm256_mul_ps(s.low, scale), l, out_low);
+  out_high = _mm256_fmadd_ps(_mm256_mul_ps(s.high, scale), h, out_high);
+}
+
 // A pair's codes as f32: rows 0-7 and 8-15 at its first k, then at its second k.
 struct Int4PairF32 {
   __m256 low0, high0, low1, high1;

@@ -280,44 +280,26 @@ void step_sums(const float* x, int64_t k, int64_t group_k, float* sums) {
   }
 }
 
-void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
-                         const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot) {
-  if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
-      w.group_k > kInt16MaxStep) {
-    fail(Errc::internal,
-         "stream_panels_int16 needs int4 weights in whole blocks per step of at most {} (got {} "
-         "with K {}, group {})",
-         kInt16MaxStep, dtype_name(w.dtype), w.k, w.group_k);
-  }
-  if (rows.m < 1 || rows.m > kStreamRows) {
-    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows.m);
-  }
-  if (dot == Int16Dot::pmaddwd) return stream_int16<MaddDot>(w, p_begin, p_end, rows, y, ldy);
-  // Without the instructions the kernel would die on SIGILL; an error names the caller's bug.
-  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
-  if (!cpu_has_vnni) fail(Errc::internal, "stream_panels_int16: this CPU has no AVX-512 VNNI");
-  stream_panels_int16_vnni(w, p_begin, p_end, rows, y, ldy);
-}
-
-void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int8Rows& rows,
-                        float* y, int64_t ldy, Int8Dot dot) {
-  if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
-      w.group_k > kInt8MaxStep) {
-    fail(Errc::internal,
-         "stream_panels_int8 needs int4 weights in whole blocks per step of at most {} (got {} "
-         "with K {}, group {})",
-         kInt8MaxStep, dtype_name(w.dtype), w.k, w.group_k);
-  }
-  if (rows.m < 1 || rows.m > kStreamRows) {
-    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows.m);
-  }
-  if (dot == Int8Dot::maddubs) return stream_int8<MaddubsDot>(w, p_begin, p_end, rows, y, ldy);
-  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
-  if (!cpu_has_vnni) fail(Errc::internal, "stream_panels_int8: this CPU has no AVX-512 VNNI");
-  stream_panels_int8_vnni(w, p_begin, p_end, rows, y, ldy);
-}
-
 namespace {
+
+// The integer streaming kernels' arguments: int4 weights in whole blocks per scale step of at
+// most `longest`, 1 to kStreamRows rows, and, for VNNI, a CPU that has it (without the
+// instructions the kernel would die on SIGILL; an error names the caller's bug).
+void check_integer_stream(const char* kernel, const PanelMatrix& w, int rows, int64_t longest,
+                          bool vnni) {
+  if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
+      w.group_k > longest) {
+    fail(Errc::internal,
+         "{} needs int4 weights in whole blocks per step of at most {} (got {} with K {}, group "
+         "{})",
+         kernel, longest, dtype_name(w.dtype), w.k, w.group_k);
+  }
+  if (rows < 1 || rows > kStreamRows) {
+    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows);
+  }
+  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
+  if (vnni && !cpu_has_vnni) fail(Errc::internal, "{}: this CPU has no AVX-512 VNNI", kernel);
+}
 
 // The largest magnitude of x [k0, k1), and whether all of it is finite.
 struct GroupRange {
@@ -363,6 +345,20 @@ inline float int8_scale(float amax) {
 }
 
 }  // namespace
+
+void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
+                         const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot) {
+  check_integer_stream("stream_panels_int16", w, rows.m, kInt16MaxStep, dot == Int16Dot::vnni);
+  if (dot == Int16Dot::pmaddwd) return stream_int16<MaddDot>(w, p_begin, p_end, rows, y, ldy);
+  stream_panels_int16_vnni(w, p_begin, p_end, rows, y, ldy);
+}
+
+void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int8Rows& rows,
+                        float* y, int64_t ldy, Int8Dot dot) {
+  check_integer_stream("stream_panels_int8", w, rows.m, kInt8MaxStep, dot == Int8Dot::vnni);
+  if (dot == Int8Dot::maddubs) return stream_int8<MaddubsDot>(w, p_begin, p_end, rows, y, ldy);
+  stream_panels_int8_vnni(w, p_begin, p_end, rows, y, ldy);
+}
 
 void round_to_int8(float* x, int64_t k, int64_t group_k) {
   for (int64_t k0 = 0; k0 < k; k0 += group_k) {
@@ -432,31 +428,9 @@ void quantize_int8(const float* x, int64_t k, int64_t group_k, int8_t* q, float*
 
 void quantize_int16(const float* x, int64_t k, int64_t group_k, int16_t* q, float* scales,
                     float* sums) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t g = 0, k0 = 0; k0 < k; ++g, k0 += group_k) {
     const int64_t k1 = std::min(k, k0 + group_k);
-    // The largest magnitude, and x * 0 summed: NaN where any x is NaN or infinite.
-    __m256 top = _mm256_setzero_ps();
-    __m256 nonfinite = _mm256_setzero_ps();
-    int64_t i = k0;
-    for (; i + 8 <= k1; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
-      top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
-      nonfinite = _mm256_add_ps(nonfinite, _mm256_mul_ps(v, _mm256_setzero_ps()));
-    }
-    alignas(32) float lanes[8], checks[8];
-    _mm256_store_ps(lanes, top);
-    _mm256_store_ps(checks, nonfinite);
-    float amax = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < 8; ++j) {
-      amax = std::max(amax, lanes[j]);
-      finite = finite && checks[j] == 0.0f;
-    }
-    for (int64_t t = i; t < k1; ++t) {
-      amax = std::max(amax, std::fabs(x[t]));
-      finite = finite && std::isfinite(x[t]);
-    }
+    const auto [amax, finite] = group_range(x, k0, k1);
     if (!finite || amax == 0.0f) {
       // A NaN scale makes every output the row reaches NaN, as f32 arithmetic would.
       scales[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
@@ -467,7 +441,7 @@ void quantize_int16(const float* x, int64_t k, int64_t group_k, int16_t* q, floa
     const float inverse = kInt16Max / amax;
     const __m256 times = _mm256_set1_ps(inverse);
     __m256i total = _mm256_setzero_si256();
-    i = k0;
+    int64_t i = k0;
     for (; i + 16 <= k1; i += 16) {
       const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), times));
       const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), times));

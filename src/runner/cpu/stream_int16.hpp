@@ -74,10 +74,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
       _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
       block(codes, k, 0);
     }
-    const float* scale = w.panel_scale(p) + g * kPanelRows;
-    const __m256 scale_lo = _mm256_loadu_ps(scale);
-    const __m256 scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
-    const Int4Offsets offset = int4_offsets(w, p, g);
+    const Int4StepScales scales = int4_step_scales(w, p, g);
 #pragma GCC unroll 4
     for (int r = 0; r < M; ++r) {
       __m256i sum_lo = lo[0][r], sum_hi = hi[0][r];
@@ -85,12 +82,8 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
         sum_lo = _mm256_add_epi32(sum_lo, lo[1][r]);
         sum_hi = _mm256_add_epi32(sum_hi, hi[1][r]);
       }
-      const __m256 q_sum = _mm256_broadcast_ss(rows.sums[r] + g);
-      const __m256 q_scale = _mm256_broadcast_ss(rows.scale[r] + g);
-      const __m256 l = _mm256_fnmadd_ps(offset.low, q_sum, _mm256_cvtepi32_ps(sum_lo));
-      const __m256 h = _mm256_fnmadd_ps(offset.high, q_sum, _mm256_cvtepi32_ps(sum_hi));
-      out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, q_scale), l, out_lo[r]);
-      out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, q_scale), h, out_hi[r]);
+      add_integer_step(scales, sum_lo, sum_hi, rows.sums[r] + g, rows.scale[r] + g, out_lo[r],
+                       out_hi[r]);
     }
   }
   for (int r = 0; r < M; ++r) {

@@ -88,18 +88,11 @@ void int4_panel_int8(const PanelMatrix& w, int64_t p, const Int8Rows& rows, floa
         }
       }
     }
-    const float* scale = w.panel_scale(p) + g * kPanelRows;
-    const __m256 scale_lo = _mm256_loadu_ps(scale);
-    const __m256 scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
-    const Int4Offsets offset = int4_offsets(w, p, g);
+    const Int4StepScales scales = int4_step_scales(w, p, g);
 #pragma GCC unroll 4
     for (int r = 0; r < M; ++r) {
-      const __m256 q_sum = _mm256_broadcast_ss(rows.sums[r] + g);
-      const __m256 q_scale = _mm256_broadcast_ss(rows.scale[r] + g);
-      const __m256 l = _mm256_fnmadd_ps(offset.low, q_sum, _mm256_cvtepi32_ps(sum_lo[r]));
-      const __m256 h = _mm256_fnmadd_ps(offset.high, q_sum, _mm256_cvtepi32_ps(sum_hi[r]));
-      out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, q_scale), l, out_lo[r]);
-      out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, q_scale), h, out_hi[r]);
+      add_integer_step(scales, sum_lo[r], sum_hi[r], rows.sums[r] + g, rows.scale[r] + g, out_lo[r],
+                       out_hi[r]);
     }
   }
   for (int r = 0; r < M; ++r) {
