@@ -30,11 +30,40 @@ struct Decision {
   std::optional<std::string> fallback;  // set when the choice is not what the options asked for
 };
 
+// How the shared experts run, when the block form computes them apart from the routed ones.
+enum class SharedStrategy { none, after, overlapped };
+
 enum class DispatcherKind { standard };
 enum class DispatchFormat { standard };
 enum class RunnerFormat { standard, contiguous };
 std::string_view dispatcher_name(DispatcherKind kind);
 std::string_view runner_format_name(RunnerFormat format);
+std::string_view dispatch_format_name(DispatchFormat format);
+
+// The cpu runner's kernels, chosen once by resolve (choose_cpu_kernels, in
+// src/runner/cpu/kernel_choice.cpp, the one function that decides them) from the plan's
+// platform, spec and weight format. The runner reads them as they are; nothing below resolve
+// looks at the machine or decides again. What varies per call (the activations' dtype, the rows
+// an expert received) selects among these, it does not change them.
+enum class CpuKernelSet : uint8_t { portable, avx2_panels };
+// How rows streamed against int4 weights are multiplied: widened to f32, quantised to int16 per
+// scale step (16-bit dot products), or the format's int8 activations (8-bit dot products).
+enum class Int4Rows : uint8_t { f32, int16, int8 };
+struct Int4RowsByActivations {
+  Int4Rows f32 = Int4Rows::f32;   // activations that came in as f32
+  Int4Rows half = Int4Rows::f32;  // as bf16 or f16
+  Int4Rows of(DType activations) const { return activations == DType::f32 ? f32 : half; }
+};
+struct CpuKernels {
+  CpuKernelSet set = CpuKernelSet::portable;
+  bool avx512_vnni = false;  // the integer streaming kernels use vpdpwssd / vpdpbusd
+  bool bf16_gemm = false;    // GEMM rows of bf16 weights x bf16 activations: AVX-512 BF16
+  Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)
+  Int4RowsByActivations shared_int4;  // shared experts computed apart (their I may differ)
+  std::string name;
+
+  bool bf16_rows(DType activations) const { return bf16_gemm && activations == DType::bf16; }
+};
 
 struct Plan {
   ModelSpec spec;
@@ -54,6 +83,10 @@ struct Plan {
   RunnerKind runner = RunnerKind::cpu;  // never auto_ once resolved
   std::optional<std::string> fused_op;  // the fused op that replaces permutes and core, if any
   RunnerFormat core_format = RunnerFormat::standard;
+  std::optional<CpuKernels> cpu_kernels;  // runner cpu only
+  std::string stages;                      // the block stages of the plan's device: "cpu"
+  SharedStrategy shared_strategy = SharedStrategy::none;
+  int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute
   int threads = 1;
   std::vector<Decision> decisions;
 

@@ -2,6 +2,7 @@
 // What the machine offers. Probed in one place (Platform::probe); resolve() takes it as an input,
 // so tests can ask what a plan would be on a machine they do not run on.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct Platform {
   static Platform probe();
   static Platform cpu_only(int threads);
   std::string summary() const;
+  // The instruction sets this platform claims that `actual` lacks ("AVX-512 BF16, AVX2"), or
+  // nothing: what a plan made for this platform would need of the machine that runs it.
+  std::optional<std::string> missing_on(const Platform& actual) const;
 };
 
 }  // namespace moekit

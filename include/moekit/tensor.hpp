@@ -111,4 +111,8 @@ class Tensor {
   TensorView view_;
 };
 
+// Copies src into dst: the same dtype and shape, both contiguous, each on the CPU or a GPU.
+// Returns when the copy is done. Throws invalid_argument naming what does not match.
+void copy(const TensorView& dst, const TensorView& src);
+
 }  // namespace moekit

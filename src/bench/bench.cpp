@@ -162,7 +162,10 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
   Ceilings here = run.machine;
   here.read_bytes_per_s = Timing::Of(read_bandwidth).median_s;
   result.read_bytes_per_s = here.read_bytes_per_s;
-  result.roofline = Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, here);
+  // The GEMM the plan's kernels take sets the compute ceiling: bf16 dot products where they do.
+  const bool bf16_dot = plan.cpu_kernels && plan.cpu_kernels->bf16_rows(DType::bf16);
+  result.roofline =
+      Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, here, bf16_dot);
   // Tokens are routed and computed independently, so the reference layer, planned for a few
   // tokens, checks the first rows of the last timed batch.
   const int64_t n = std::min(T, kCheckedTokens);

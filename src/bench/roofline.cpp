@@ -6,7 +6,6 @@
 
 #include "moekit/error.hpp"
 #include "quant/quant_method.hpp"
-#include "runner/cpu/panel_moe.hpp"
 
 namespace moekit::bench {
 
@@ -39,7 +38,7 @@ int count_distinct_experts(std::span<const int32_t> ids, int experts) {
 }
 
 Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t tokens,
-                      int distinct, DType activations, const Ceilings& ceilings) {
+                      int distinct, DType activations, const Ceilings& ceilings, bool bf16_dot) {
   const int64_t H = spec.hidden, I = spec.intermediate;
   Roofline r;
   r.bytes = distinct * expert_bytes(format, H, I) +
@@ -48,10 +47,9 @@ Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t 
   r.flops = 6.0 * static_cast<double>(tokens) * spec.routing.top_k * static_cast<double>(H) *
             static_cast<double>(I);
   const double memory_s = static_cast<double>(r.bytes) / ceilings.read_bytes_per_s;
-  // The GEMM the cpu runner takes sets the compute ceiling: bf16 dot products where it uses them.
-  const bool bf16_dot = cpu::use_bf16_gemm(format, activations, ceilings.bf16_dot_flops_per_s > 0);
+  const bool dot = bf16_dot && ceilings.bf16_dot_flops_per_s > 0;
   const double compute_s =
-      r.flops / (bf16_dot ? ceilings.bf16_dot_flops_per_s : ceilings.fma_flops_per_s);
+      r.flops / (dot ? ceilings.bf16_dot_flops_per_s : ceilings.fma_flops_per_s);
   r.bound = compute_s > memory_s ? Bound::compute : Bound::memory;
   r.floor_s = std::max(memory_s, compute_s);
   return r;

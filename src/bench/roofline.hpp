@@ -34,9 +34,10 @@ struct Roofline {
   Bound bound = Bound::memory;
 
   // For T tokens of `activations` (hidden states in, output out) and f32 router logits, when
-  // the batch's routing selects `distinct` experts.
+  // the batch's routing selects `distinct` experts. bf16_dot: the plan's GEMM runs on bf16 dot
+  // products (CpuKernels::bf16_rows), whose peak then bounds the compute.
   static Roofline Of(const ModelSpec& spec, const QuantParams& format, int64_t tokens, int distinct,
-                     DType activations, const Ceilings& ceilings);
+                     DType activations, const Ceilings& ceilings, bool bf16_dot);
 };
 
 }  // namespace moekit::bench

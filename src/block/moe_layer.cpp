@@ -1,66 +1,24 @@
-// Layer 1, the block: routing, the routed experts, the shared experts in the plan's form, and
-// the sum. Everything is built in the constructor; forward() runs the plan's pipeline.
+// Layer 1, the block: forward() is the plan's straight pipeline of stages (block/stages.hpp),
+//   argument checks -> finite checks -> router -> shared experts start -> routed experts
+//   (dispatch, runner, combine) -> shared experts finish -> output sum,
+// each built once from the plan, with all scratch memory allocated once on the plan's device.
+// The constructor also loads the weights this rank holds, one expert at a time.
 
-#include <cmath>
 #include <optional>
 #include <vector>
 
-#include "core/background_worker.hpp"
+#include "block/forward_args.hpp"
+#include "block/stages.hpp"
+#include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
 #include "experts/experts_layer.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/log.hpp"
 #include "quant/check.hpp"
-#include "routing/topk.hpp"
 
 namespace moekit {
 namespace {
-
-bool is_activation_dtype(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
-}
-
-// Checks a caller's tensor: on the plan's device, contiguous, one of f32/bf16/f16, and the
-// expected shape (a dimension of -1 matches any size).
-void check_input(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,
-                 Device device) {
-  std::string want = "[";
-  bool shape_ok = t.rank() == static_cast<int>(expected.size());
-  int axis = 0;
-  for (int64_t d : expected) {
-    want += fmt::format("{}{}", axis ? ", " : "", d < 0 ? std::string("T") : std::to_string(d));
-    shape_ok = shape_ok && (d < 0 || t.dim(axis) == d);
-    ++axis;
-  }
-  want += "]";
-  if (t.data == nullptr && t.numel() > 0) fail(Errc::invalid_argument, "{}: no data", name);
-  if (!shape_ok)
-    fail(Errc::invalid_argument, "{}: expected shape {}, got {}", name, want, t.describe());
-  if (!is_activation_dtype(t.dtype)) {
-    fail(Errc::invalid_argument, "{}: dtype must be f32, bf16 or f16, got {}", name, t.describe());
-  }
-  if (t.device != device) {
-    fail(Errc::invalid_argument, "{}: the plan runs on {}, got {}", name, device.str(),
-         t.describe());
-  }
-  if (!t.is_contiguous())
-    fail(Errc::invalid_argument, "{}: must be contiguous, got {}", name, t.describe());
-}
-
-void check_finite_rows(const TensorView& t, const char* name, std::vector<float>& row) {
-  const int64_t cols = t.dim(1);
-  for (int64_t r = 0; r < t.dim(0); ++r) {
-    convert_to_f32(static_cast<const char*>(t.data) + dtype_storage_bytes(t.dtype, r * cols),
-                   t.dtype, cols, row.data());
-    for (int64_t c = 0; c < cols; ++c) {
-      if (!std::isfinite(row[c])) {
-        fail(Errc::invalid_argument, "{}: row {} has a non-finite value ({}) at column {}", name, r,
-             row[c], c);
-      }
-    }
-  }
-}
 
 // Rows [r0, r0 + n) and columns [c0, c0 + k) of expert e of a checked stack, with the part of
 // the scale grid that covers them. The piece lies inside one part (of part_rows rows) and
@@ -154,95 +112,95 @@ class MoeLayer::Impl {
     load(source, /*checked=*/false);
   }
 
-  // Everything but the weights: the experts layers, the router's scratch, the batch buffers.
+  // Everything but the weights: the stages and their scratch.
   explicit Impl(const Plan& plan)
-      : plan_(plan),
-        pool_(ThreadPool::shared(plan.threads)),
-        top_k_(plan.spec.routing.top_k),
-        columns_(top_k_ + plan.shared_slots),
-        routed_(plan, routed_problem(), routed_global_to_local()) {
-    const ModelSpec& spec = plan.spec;
-    const int64_t H = spec.hidden, E = spec.n_experts;
-    for (const Decision* d : plan.fallbacks()) {
-      log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", spec.name, d->topic,
+      : plan_(checked_for_this_machine(plan)),
+        stages_(find_planned_stages(plan_)),
+        ctx_{.device = plan_.options.device, .pool = &ThreadPool::shared(plan_.threads)},
+        checks_(plan_.options.check_finite ? stages_.checks(plan_) : nullptr),
+        router_(stages_.router(plan_)),
+        routed_(plan_, routed_problem(plan_), routed_global_to_local(plan_)),
+        shared_(make_shared_experts(plan_)),
+        output_(stages_.output(plan_)) {
+    for (const Decision* d : plan_.fallbacks()) {
+      log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", plan_.spec.name, d->topic,
           *d->fallback, d->reason);
     }
-
-    const int64_t T = plan.options.max_tokens;
-    logical_ids_.resize(static_cast<size_t>(T * top_k_));
-    logical_weights_.resize(static_cast<size_t>(T * top_k_));
-    physical_ids_.resize(static_cast<size_t>(T * columns_));
-    physical_weights_.resize(static_cast<size_t>(T * columns_));
-    routed_out_.resize(static_cast<size_t>(T * H));
-    shared_gate_values_.resize(static_cast<size_t>(spec.shared_gate ? T : 0));
-    gate_rows_.resize(static_cast<size_t>(spec.shared_gate ? pool_.size() * H : 0));
-    finite_row_.resize(static_cast<size_t>(std::max<int64_t>(H, E)));
+    ScratchCarver counter;
+    carve(counter);
+    scratch_ = Buffer::allocate(plan_.options.device, counter.bytes());
+    ScratchCarver carver(scratch_.data());
+    arrays_ = carve(carver);
   }
 
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& output,
                const RoutingResult* routing) {
-    const ModelSpec& spec = plan_.spec;
-    check_input(hidden, "hidden_states", {-1, spec.hidden}, plan_.options.device);
-    const int64_t T = hidden.dim(0);
-    check_input(logits, "router_logits", {T, spec.n_experts}, plan_.options.device);
-    check_input(output, "output", {T, spec.hidden}, plan_.options.device);
-    if (output.dtype != hidden.dtype) {
-      fail(Errc::invalid_argument, "output: dtype must match hidden_states ({}), got {}",
-           dtype_name(hidden.dtype), output.describe());
-    }
-    if (T > plan_.options.max_tokens) {
-      fail(Errc::invalid_argument, "hidden_states: {} tokens exceed the plan's max_tokens {}", T,
-           plan_.options.max_tokens);
-    }
-    if (routing != nullptr) check_routing_result(*routing, T);
-    if (T == 0) return;
-    pool_.wake();  // the workers wake up while this thread checks and routes
-    if (plan_.options.check_finite) check_finite_rows(hidden, "hidden_states", finite_row_);
-
-    router_->select(logits, plan_.options.check_finite, logical_ids_.data(),
-                    logical_weights_.data(), &pool_);
-    if (plan_.spec.shared_gate) compute_shared_gate(hidden);
-    to_physical(T);
-
-    if (plan_.form == BlockForm::overlapped && shared_) {
-      shared_input_ = hidden;
-      shared_worker_->start();
-      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(),
-                      pool_);
-      shared_worker_->wait();
-    } else {
-      routed_.forward(hidden, physical_ids_.data(), physical_weights_.data(), routed_out_.data(),
-                      pool_);
-      if (shared_) run_shared(hidden);
-    }
-    write_output(T, output);
-    if (routing != nullptr) {
-      std::copy_n(logical_ids_.data(), T * top_k_, routing->ids.as<int32_t>());
-      std::copy_n(logical_weights_.data(), T * top_k_, routing->weights.as<float>());
-    }
+    check_forward_arguments(plan_, hidden, logits, output, routing);
+    if (hidden.dim(0) == 0) return;
+    ctx_.pool->wake();  // the workers wake up while this thread checks and routes
+    if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
+    const Routing routed = router_->run(ctx_, hidden, logits, arrays_.router);
+    if (shared_) shared_->start(ctx_, hidden, routed);
+    routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+    const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
+    output_->run(ctx_, arrays_.routed, shared_out, output);
+    if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);
   }
 
   const Plan& plan() const { return plan_; }
 
  private:
-  ExpertsProblem routed_problem() const {
-    return {plan_.spec.hidden,
-            plan_.spec.intermediate,
-            plan_.spec.activation,
-            plan_.local_routed + plan_.shared_slots,
-            columns_,
-            plan_.options.max_tokens,
-            pool_.size()};
+  struct Arrays {
+    void* checks;
+    void* router;
+    float* routed;  // [max_tokens, H]: the routed experts' weighted sum, in token order
+  };
+  Arrays carve(ScratchCarver& carver) const {
+    return {carver.take<std::byte>(checks_ ? checks_->scratch_bytes() : 0),
+            carver.take<std::byte>(router_->scratch_bytes()),
+            carver.take<float>(plan_.options.max_tokens * plan_.spec.hidden)};
+  }
+
+  // The kernels a plan chose must exist on the machine that runs it: a plan made for another
+  // machine is refused here, not by an illegal instruction inside a kernel.
+  static const Plan& checked_for_this_machine(const Plan& plan) {
+    if (std::optional<std::string> missing = plan.platform.missing_on(Platform::probe())) {
+      fail(Errc::invalid_argument, "the plan was made for a machine with {}, which this one lacks",
+           *missing);
+    }
+    return plan;
+  }
+
+  static const StageEntry& find_planned_stages(const Plan& plan) {
+    const StageEntry* entry = find_stages(plan.options.device.kind);
+    if (entry == nullptr || entry->name != plan.stages) {
+      fail(Errc::internal, "plan names block stages '{}' that are not registered", plan.stages);
+    }
+    return *entry;
+  }
+
+  static ExpertsProblem routed_problem(const Plan& plan) {
+    const int columns = plan.spec.routing.top_k + plan.shared_slots;
+    return {.hidden = plan.spec.hidden,
+            .intermediate = plan.spec.intermediate,
+            .activation = plan.spec.activation,
+            .slots = plan.local_routed + plan.shared_slots,
+            .columns = columns,
+            .max_tokens = plan.max_received_tokens,
+            .threads = plan.threads,
+            .device = plan.options.device,
+            .role = ExpertsRole::routed,
+            .quant = plan.quant};
   }
 
   // Global physical ids of this rank's experts map to slots 0..local-1; fused shared slots have
   // global ids after the physical experts and live on every rank.
-  std::vector<int32_t> routed_global_to_local() const {
-    std::vector<int32_t> table(static_cast<size_t>(plan_.location.physical + plan_.shared_slots),
+  static std::vector<int32_t> routed_global_to_local(const Plan& plan) {
+    std::vector<int32_t> table(static_cast<size_t>(plan.location.physical + plan.shared_slots),
                                -1);
-    for (int slot = 0; slot < plan_.local_routed; ++slot) table[plan_.first_local + slot] = slot;
-    for (int s = 0; s < plan_.shared_slots; ++s)
-      table[plan_.location.physical + s] = plan_.local_routed + s;
+    for (int slot = 0; slot < plan.local_routed; ++slot) table[plan.first_local + slot] = slot;
+    for (int s = 0; s < plan.shared_slots; ++s)
+      table[plan.location.physical + s] = plan.local_routed + s;
     return table;
   }
 
@@ -250,10 +208,8 @@ class MoeLayer::Impl {
     const ModelSpec& spec = plan_.spec;
     const int64_t H = spec.hidden, I = spec.intermediate, Is = spec.shared_intermediate;
     const QuantParams& q = plan_.quant;
-    if (spec.routing.correction_bias) load_correction_bias(source.correction_bias());
-    router_.emplace(spec.routing, spec.n_experts,
-                    correction_bias_.empty() ? nullptr : correction_bias_.data(), pool_.size());
-    if (spec.shared_gate) load_shared_gate(source.shared_gate());
+    router_->load(spec.routing.correction_bias ? source.correction_bias() : TensorView{},
+                  spec.shared_gate ? source.shared_gate() : TensorView{});
     const auto fetch = [&](ExpertWeights w, int64_t inner) {
       if (!checked) {
         check_matrices(w.w13, w.origin + " gate/up", 1, inner, H, 2, q);
@@ -270,26 +226,13 @@ class MoeLayer::Impl {
     if (plan_.shared_slots > 0) {
       for (int s = 0; s < spec.n_shared; ++s) load_shared_slots(s, fetch(source.shared(s), Is));
     }
-    if (plan_.adds_shared_output) {
-      build_shared();
+    if (shared_) {
       for (int s = 0; s < spec.n_shared; ++s) {
         const ExpertWeights w = fetch(source.shared(s), Is);
         const ExpertPieces expert = whole_expert(w.w13, w.w2, q, 0, H, Is);
         shared_->load(s, expert.gate, expert.up, expert.down);
       }
     }
-  }
-
-  void load_correction_bias(const TensorView& bias) {
-    const int64_t E = plan_.spec.n_experts;
-    if (bias.data == nullptr || !(bias.shape == Shape{E}) || bias.dtype != DType::f32 ||
-        bias.device.kind != DeviceKind::cpu || !bias.is_contiguous()) {
-      fail(Errc::invalid_argument,
-           "weights.correction_bias: expected contiguous f32[{}] on the CPU, got {}", E,
-           bias.data == nullptr ? std::string("nothing") : bias.describe());
-    }
-    const auto* values = bias.as<const float>();
-    correction_bias_.assign(values, values + E);
   }
 
   // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated
@@ -317,137 +260,22 @@ class MoeLayer::Impl {
     }
   }
 
-  void build_shared() {
-    const ModelSpec& spec = plan_.spec;
-    const int n = spec.n_shared;
-    const int64_t Is = spec.shared_intermediate;
-    // The shared MLPs on the second thread must not wait for the pool the routed experts use.
-    const int threads = plan_.form == BlockForm::overlapped ? 1 : pool_.size();
-    if (plan_.form == BlockForm::overlapped) shared_pool_.emplace(1);
-    const ExpertsProblem problem{spec.hidden, Is, spec.activation, n, n, plan_.options.max_tokens,
-                                 threads};
-    std::vector<int32_t> identity(static_cast<size_t>(n));
-    for (int s = 0; s < n; ++s) identity[s] = s;
-    shared_.emplace(plan_, problem, identity);
-    const int64_t entries = plan_.options.max_tokens * n;
-    shared_ids_.resize(static_cast<size_t>(entries));
-    shared_weights_.assign(static_cast<size_t>(entries), 1.0f);
-    for (int64_t e = 0; e < entries; ++e) shared_ids_[e] = static_cast<int32_t>(e % n);
-    shared_out_.resize(static_cast<size_t>(plan_.options.max_tokens * spec.hidden));
-    if (plan_.form == BlockForm::overlapped) {
-      shared_worker_.emplace([this] { run_shared(shared_input_); });
-    }
-  }
-
-  void load_shared_gate(const TensorView& gate) {
-    const int64_t H = plan_.spec.hidden;
-    if (gate.data == nullptr || !(gate.shape == Shape{1, H}) || !is_activation_dtype(gate.dtype) ||
-        gate.device.kind != DeviceKind::cpu || !gate.is_contiguous()) {
-      fail(Errc::invalid_argument,
-           "weights.shared_gate: expected contiguous f32/bf16/f16 [1, {}] on the CPU, got {}", H,
-           gate.data == nullptr ? std::string("nothing") : gate.describe());
-    }
-    shared_gate_.resize(static_cast<size_t>(H));
-    convert_to_f32(gate.data, gate.dtype, H, shared_gate_.data());
-    for (int64_t h = 0; h < H; ++h) {
-      if (!std::isfinite(shared_gate_[h])) {
-        fail(Errc::invalid_argument, "weights.shared_gate: element [0, {}] is {}", h,
-             shared_gate_[h]);
-      }
-    }
-  }
-
-  // Qwen2-MoE scales the shared experts' output per token by sigmoid(hidden . gate). The
-  // factor becomes the shared entries' weight, in whichever form the plan runs them.
-  void compute_shared_gate(const TensorView& hidden) {
-    const int64_t T = hidden.dim(0), H = plan_.spec.hidden;
-    const auto* base = static_cast<const char*>(hidden.data);
-    pool_.parallel_chunks(T, [&](int64_t begin, int64_t end, int worker) {
-      float* row = gate_rows_.data() + static_cast<size_t>(worker * H);
-      for (int64_t t = begin; t < end; ++t) {
-        convert_to_f32(base + dtype_storage_bytes(hidden.dtype, t * H), hidden.dtype, H, row);
-        double dot = 0.0;
-        for (int64_t h = 0; h < H; ++h) dot += double{row[h]} * shared_gate_[h];
-        shared_gate_values_[t] = static_cast<float>(1.0 / (1.0 + std::exp(-dot)));
-      }
-    });
-    if (!shared_) return;
-    const int n = plan_.spec.n_shared;
-    for (int64_t t = 0; t < T; ++t) {
-      for (int s = 0; s < n; ++s) shared_weights_[t * n + s] = shared_gate_values_[t];
-    }
-  }
-
-  void run_shared(const TensorView& hidden) {
-    ThreadPool& pool = shared_pool_ ? *shared_pool_ : pool_;
-    shared_->forward(hidden, shared_ids_.data(), shared_weights_.data(), shared_out_.data(), pool);
-  }
-
-  // Token t belongs to source rank t * ep / T (the ranks' equal shares of the batch, as with
-  // data-parallel attention); the source rank's static table picks the replica that serves it.
-  void to_physical(int64_t T) {
-    const ExpertLocation& location = plan_.location;
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<int>& table = location.rank_table[t * location.ep_size / T];
-      for (int j = 0; j < top_k_; ++j) {
-        physical_ids_[t * columns_ + j] = table[logical_ids_[t * top_k_ + j]];
-        physical_weights_[t * columns_ + j] = logical_weights_[t * top_k_ + j];
-      }
-      for (int s = 0; s < plan_.shared_slots; ++s) {
-        physical_ids_[t * columns_ + top_k_ + s] = location.physical + s;
-        physical_weights_[t * columns_ + top_k_ + s] =
-            plan_.shared_slot_weight * (plan_.spec.shared_gate ? shared_gate_values_[t] : 1.0f);
-      }
-    }
-  }
-
-  void write_output(int64_t T, const TensorView& output) {
-    const int64_t H = plan_.spec.hidden;
-    if (shared_) {
-      for (int64_t i = 0; i < T * H; ++i) routed_out_[i] += shared_out_[i];
-    }
-    convert_from_f32(routed_out_.data(), T * H, output.data, output.dtype);
-  }
-
-  void check_routing_result(const RoutingResult& routing, int64_t T) const {
-    const bool ids_ok = routing.ids.dtype == DType::i32 && routing.ids.shape == Shape{T, top_k_} &&
-                        routing.ids.is_contiguous() && routing.ids.device == plan_.options.device;
-    const bool weights_ok =
-        routing.weights.dtype == DType::f32 && routing.weights.shape == Shape{T, top_k_} &&
-        routing.weights.is_contiguous() && routing.weights.device == plan_.options.device;
-    if (!ids_ok) {
-      fail(Errc::invalid_argument, "topk_ids: expected contiguous i32[{}, {}] on {}, got {}", T,
-           top_k_, plan_.options.device.str(), routing.ids.describe());
-    }
-    if (!weights_ok) {
-      fail(Errc::invalid_argument, "topk_weights: expected contiguous f32[{}, {}] on {}, got {}", T,
-           top_k_, plan_.options.device.str(), routing.weights.describe());
-    }
+  void report_routing(const Routing& routed, int64_t T, const RoutingResult& routing) const {
+    const int64_t entries = T * plan_.spec.routing.top_k;
+    std::copy_n(routed.logical_ids, entries, routing.ids.as<int32_t>());
+    std::copy_n(routed.logical_weights, entries, routing.weights.as<float>());
   }
 
   Plan plan_;
-  ThreadPool& pool_;  // ThreadPool::shared
-  int top_k_;
-  int columns_;
+  const StageEntry& stages_;
+  ExecContext ctx_;
+  std::unique_ptr<FiniteChecks> checks_;
+  std::unique_ptr<RouterStage> router_;
   ExpertsLayer routed_;
-  std::optional<ExpertsLayer> shared_;
-  std::optional<ThreadPool> shared_pool_;
-  std::optional<BackgroundWorker> shared_worker_;
-  TensorView shared_input_;
-  std::vector<float> correction_bias_;
-  std::optional<routing::Router> router_;
-  std::vector<int32_t> logical_ids_;
-  std::vector<float> logical_weights_;
-  std::vector<int32_t> physical_ids_;
-  std::vector<float> physical_weights_;
-  std::vector<int32_t> shared_ids_;
-  std::vector<float> shared_weights_;
-  std::vector<float> routed_out_;
-  std::vector<float> shared_out_;
-  std::vector<float> finite_row_;
-  std::vector<float> shared_gate_;         // [H]
-  std::vector<float> shared_gate_values_;  // [max_tokens]
-  std::vector<float> gate_rows_;           // [threads, H]
+  std::unique_ptr<SharedExperts> shared_;
+  std::unique_ptr<OutputSum> output_;
+  Buffer scratch_;
+  Arrays arrays_{};
 };
 
 MoeLayer::MoeLayer(const Plan& plan, const LayerWeights& weights)

@@ -73,6 +73,22 @@ Platform Platform::cpu_only(int threads) {
   return platform;
 }
 
+std::optional<std::string> Platform::missing_on(const Platform& actual) const {
+  const std::pair<bool Platform::*, const char*> features[] = {
+      {&Platform::avx2, "AVX2"},
+      {&Platform::fma, "FMA"},
+      {&Platform::f16c, "F16C"},
+      {&Platform::avx512f, "AVX-512F"},
+      {&Platform::avx512_bf16, "AVX-512 BF16"},
+      {&Platform::avx512_vnni, "AVX-512 VNNI"}};
+  std::string missing;
+  for (const auto& [feature, name] : features) {
+    if (this->*feature && !(actual.*feature)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  }
+  if (missing.empty()) return std::nullopt;
+  return missing;
+}
+
 std::string Platform::summary() const {
   std::string text = fmt::format("{} CPU threads", cpu_threads);
   if (avx2) text += ", AVX2";

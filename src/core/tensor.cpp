@@ -179,4 +179,17 @@ void Tensor::fill_bytes(uint8_t value) {
   if (buffer_.bytes() > 0) std::memset(buffer_.data(), value, static_cast<size_t>(buffer_.bytes()));
 }
 
+void copy(const TensorView& dst, const TensorView& src) {
+  if (dst.dtype != src.dtype || !(dst.shape == src.shape) || !dst.is_contiguous() ||
+      !src.is_contiguous()) {
+    fail(Errc::invalid_argument, "copy: {} into {}: dtype and shape must match, both contiguous",
+         src.describe(), dst.describe());
+  }
+  if (dst.device.kind != DeviceKind::cpu || src.device.kind != DeviceKind::cpu) {
+    fail(Errc::invalid_argument, "copy: {} into {}: this build of moekit has no CUDA",
+         src.describe(), dst.describe());
+  }
+  if (src.nbytes() > 0) std::memcpy(dst.data, src.data, static_cast<size_t>(src.nbytes()));
+}
+
 }  // namespace moekit

@@ -6,35 +6,38 @@
 namespace moekit {
 namespace {
 
-// The problem as the runner builds it: with the weight format and, for the cpu runner, the
-// kernels the plan chose for its platform.
-ExpertsProblem runner_problem(const Plan& plan, ExpertsProblem problem) {
-  problem.quant = plan.quant;
-  if (plan.runner == RunnerKind::cpu) {
-    problem.kernels = choose_cpu_kernels(plan.platform).kernels;
-    problem.avx512_vnni = plan.platform.avx512_vnni;
-    problem.avx512_bf16 = plan.platform.avx512_bf16;
-  }
-  return problem;
-}
-
 std::unique_ptr<QuantMethod> create_quant_method(const Plan& plan, const ExpertsProblem& problem) {
-  const WeightLayout layout =
-      problem.kernels == CpuKernels::avx2_panels ? WeightLayout::panel16 : WeightLayout::canonical;
-  auto method = std::make_unique<QuantMethod>(plan.quant, layout);
+  const CoreEntry* core = find_core(plan.runner);
+  if (core == nullptr) fail(Errc::internal, "plan names a runner core that is not registered");
+  auto method = std::make_unique<QuantMethod>(
+      plan.quant, plan.options.device,
+      core->packer != nullptr ? core->packer(plan, problem) : nullptr);
   method->create_weights(problem.slots, problem.hidden, problem.intermediate);
   return method;
+}
+
+std::unique_ptr<Dispatcher> create_dispatcher(const Plan& plan, const ExpertsProblem& problem,
+                                              std::vector<int32_t> global_to_local) {
+  const DispatcherEntry* entry = find_dispatcher(plan.options.a2a);
+  if (entry == nullptr) fail(Errc::internal, "plan names a dispatcher that is not registered");
+  return entry->create({.hidden = problem.hidden,
+                        .columns = problem.columns,
+                        .max_tokens = plan.options.max_tokens,
+                        .max_received_tokens = problem.max_tokens,
+                        .global_to_local = std::move(global_to_local),
+                        .device = plan.options.device});
 }
 
 }  // namespace
 
 ExpertsLayer::ExpertsLayer(const Plan& plan, const ExpertsProblem& problem,
                            std::vector<int32_t> global_to_local)
-    : problem_(runner_problem(plan, problem)),
+    : problem_(problem),
       quant_(create_quant_method(plan, problem_)),
-      dispatcher_(std::move(global_to_local), problem_.max_rows()),
+      dispatcher_(create_dispatcher(plan, problem_, std::move(global_to_local))),
       runner_(plan, problem_),
-      scratch_(Buffer::allocate(plan.options.device, runner_.scratch_bytes())) {}
+      scratch_(Buffer::allocate(plan.options.device,
+                                dispatcher_->scratch_bytes() + runner_.scratch_bytes())) {}
 
 void ExpertsLayer::load(int slot, const MatrixSource& gate, const MatrixSource& up,
                         const MatrixSource& down) {
@@ -45,11 +48,14 @@ void ExpertsLayer::set_input_scales(float w13, float w2) {
   quant_->set_input_scales(w13, w2);
 }
 
-void ExpertsLayer::forward(const TensorView& hidden, const int32_t* global_ids,
-                           const float* weights, float* combined, ThreadPool& pool) {
+void ExpertsLayer::forward(const ExecContext& ctx, const TensorView& hidden,
+                           const int32_t* global_ids, const float* weights, float* combined) {
+  void* dispatch_scratch = scratch_.data();
+  void* runner_scratch = static_cast<char*>(scratch_.data()) + dispatcher_->scratch_bytes();
   const DispatchOutput dispatched =
-      dispatcher_.dispatch(hidden, global_ids, weights, problem_.columns);
-  runner_.run(dispatched, quant_->apply(), combined, scratch_.data(), pool);
+      dispatcher_->dispatch(ctx, hidden, global_ids, weights, combined, dispatch_scratch);
+  runner_.run(ctx, dispatched, quant_->apply(), runner_scratch);
+  dispatcher_->combine(ctx, dispatched, combined, dispatch_scratch);
 }
 
 }  // namespace moekit

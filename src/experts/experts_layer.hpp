@@ -19,16 +19,17 @@ class ExpertsLayer {
   void load(int slot, const MatrixSource& gate, const MatrixSource& up, const MatrixSource& down);
   void set_input_scales(float w13, float w2);
 
-  // global_ids / weights: [T, problem.columns]. Writes the weighted sum to combined [T, H] f32.
-  void forward(const TensorView& hidden, const int32_t* global_ids, const float* weights,
-               float* combined, ThreadPool& pool);
+  // global_ids / weights: [T, problem.columns]. Writes the weighted sum to combined [T, H] f32,
+  // in token order.
+  void forward(const ExecContext& ctx, const TensorView& hidden, const int32_t* global_ids,
+               const float* weights, float* combined);
 
  private:
   ExpertsProblem problem_;
   std::unique_ptr<QuantMethod> quant_;
-  StandardDispatcher dispatcher_;
+  std::unique_ptr<Dispatcher> dispatcher_;
   ExpertsRunner runner_;
-  Buffer scratch_;
+  Buffer scratch_;  // the dispatcher's, then the runner's
 };
 
 }  // namespace moekit

@@ -25,6 +25,14 @@ std::string_view dispatcher_name(DispatcherKind kind) {
   return "?";
 }
 
+std::string_view dispatch_format_name(DispatchFormat format) {
+  switch (format) {
+    case DispatchFormat::standard:
+      return "standard";
+  }
+  return "?";
+}
+
 std::string_view runner_format_name(RunnerFormat format) {
   switch (format) {
     case RunnerFormat::standard:

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 
+#include "block/stages.hpp"
 #include "core/names.hpp"
+#include "dispatch/dispatcher.hpp"
 #include "moekit/error.hpp"
 #include "moekit/plan.hpp"
 #include "plan/capability.hpp"
@@ -35,13 +37,25 @@ void record_fallback(Plan& plan, Decision decision, const std::string& asked) {
   plan.decisions.push_back(std::move(decision));
 }
 
-void check_options(const Options& options) {
+// More threads than this many per hardware thread only take turns on the cores, and a count far
+// above it (a typo, say) would start that many threads before the first forward.
+constexpr int kThreadsPerHardwareThread = 4;
+constexpr int kMinThreadLimit = 4;
+
+void check_options(const Options& options, const Platform& platform) {
   if (options.max_tokens < 1) {
     refuse(fmt::format("max_tokens={}", options.max_tokens),
            "a layer must accept at least one token", "max_tokens >= 1");
   }
   if (options.threads < 0) {
     refuse(fmt::format("threads={}", options.threads), "negative thread count", "0 (all) or more");
+  }
+  const int limit = std::max(kMinThreadLimit, kThreadsPerHardwareThread * platform.cpu_threads);
+  if (options.threads > limit) {
+    refuse(fmt::format("threads={}", options.threads),
+           fmt::format("more than {} per hardware thread of this machine's {} (limit {})",
+                       kThreadsPerHardwareThread, platform.cpu_threads, limit),
+           fmt::format("0 (all {}) to {}", platform.cpu_threads, limit));
   }
 }
 
@@ -180,15 +194,14 @@ std::string built_formats() {
 }
 
 // Which runners could take this deployment, each with its reason.
-Capability runner_capability(RunnerKind kind, const Deployment& deployment,
-                             const QuantEntry& quant) {
+Capability runner_capability(RunnerKind kind, const Deployment& deployment) {
   const CoreEntry* core = find_core(kind);
   if (core == nullptr) {
     return Capability::No(
         fmt::format("the {} runner is not built in this version of moekit", runner_name(kind)));
   }
   if (Capability c = core->supports(deployment); !c.ok) return c;
-  return quant.supports_runner(kind, deployment.quant);
+  return core->reads(deployment.quant);
 }
 
 // The weight tensors this rank will hold, and their memory: the routed (and fused shared) slots,
@@ -243,7 +256,7 @@ void decide_quant_and_runner(Plan& plan) {
   std::vector<Rejected> rejected;
   std::optional<RunnerKind> first_ok;
   for (RunnerKind kind : kPreference) {
-    Capability c = runner_capability(kind, deployment, *quant);
+    Capability c = runner_capability(kind, deployment);
     if (c.ok) {
       legal.emplace_back(runner_name(kind));
       if (!first_ok) first_ok = kind;
@@ -263,7 +276,7 @@ void decide_quant_and_runner(Plan& plan) {
                               rejected, std::nullopt});
     return;
   }
-  Capability asked = runner_capability(options.runner, deployment, *quant);
+  Capability asked = runner_capability(options.runner, deployment);
   if (!asked.ok) refuse(axes, asked.reason, "runners " + legal_text);
   plan.runner = options.runner;
   std::erase_if(rejected,
@@ -278,25 +291,63 @@ void decide_quant_and_runner(Plan& plan) {
 
 void decide_dispatcher(Plan& plan) {
   const Options& options = plan.options;
-  if (options.a2a != A2AKind::none) {
-    refuse(
-        fmt::format("a2a={} with ep size {}", a2a_name(options.a2a), options.ep.size),
-        fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
-        "a2a none (each rank computes its experts for every token; the caller sums the ranks)");
+  const Deployment deployment{plan.spec, options, plan.platform, plan.quant};
+  const auto axes = fmt::format("a2a={} with ep size {}", a2a_name(options.a2a), options.ep.size);
+  std::vector<std::string> legal;
+  for (const DispatcherEntry& entry : dispatcher_table()) {
+    if (entry.supports(deployment).ok) legal.push_back(fmt::format("a2a {}", a2a_name(entry.a2a)));
   }
-  plan.dispatcher = DispatcherKind::standard;
-  plan.dispatch_format = DispatchFormat::standard;
-  const std::string reason =
-      options.ep.size == 1
-          ? "a2a none, one rank: rows stay here and every expert id is local"
-          : "a2a none: rows stay here; global expert ids map to this rank's slots or -1, and the "
-            "ranks' partial outputs add up to the layer's output";
+  const DispatcherEntry* entry = find_dispatcher(options.a2a);
+  if (entry == nullptr) {
+    refuse(axes,
+           fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
+           join(legal));
+  }
+  const Capability c = entry->supports(deployment);
+  if (!c.ok) refuse(axes, c.reason, join(legal));
+  plan.dispatcher = entry->kind;
+  plan.dispatch_format = entry->format;
+  plan.max_received_tokens = entry->max_received_tokens(options);
+  std::vector<Rejected> rejected;
+  for (A2AKind a2a : kAllA2A) {
+    if (find_dispatcher(a2a) == nullptr) rejected.push_back({std::string(a2a_name(a2a)), "not built"});
+  }
   plan.decisions.push_back({PlanLayer::dispatcher,
                             "dispatcher",
                             std::string(dispatcher_name(plan.dispatcher)),
-                            reason,
-                            {{"mpi", "not built"}, {"nccl", "not built"}},
+                            c.reason,
+                            rejected,
                             std::nullopt});
+}
+
+// The block's stages for the plan's device, and how the shared experts run in its form.
+void decide_stages(Plan& plan) {
+  const StageEntry* stages = find_stages(plan.options.device.kind);
+  if (stages == nullptr) {
+    refuse(fmt::format("device={}", plan.options.device.str()),
+           "no block stages (checks, router, output) are built for this device", "device=cpu");
+  }
+  plan.stages = std::string(stages->name);
+  plan.decisions.push_back({PlanLayer::block,
+                            "stages",
+                            plan.stages,
+                            fmt::format("checks, router and output sum run on {}",
+                                        plan.options.device.str()),
+                            {},
+                            std::nullopt});
+  if (!plan.adds_shared_output) return;
+  plan.shared_strategy =
+      plan.form == BlockForm::overlapped ? SharedStrategy::overlapped : SharedStrategy::after;
+  plan.decisions.push_back(
+      {PlanLayer::block,
+       "shared experts",
+       plan.shared_strategy == SharedStrategy::overlapped ? "beside the routed experts"
+                                                          : "after the routed experts",
+       plan.shared_strategy == SharedStrategy::overlapped
+           ? "overlapped: a second thread with a pool of its own, joined before the output"
+           : "standard: the same threads, once the routed experts are done",
+       {},
+       std::nullopt});
 }
 
 void decide_runner_pipeline(Plan& plan) {
@@ -304,15 +355,7 @@ void decide_runner_pipeline(Plan& plan) {
   const Deployment deployment{plan.spec, options, plan.platform, plan.quant};
   const CoreEntry* core = find_core(plan.runner);
   plan.core_format = core->format;
-  if (plan.runner == RunnerKind::cpu) {
-    const CpuKernelChoice kernels = choose_cpu_kernels(plan.platform);
-    plan.decisions.push_back({PlanLayer::runner,
-                              "kernels",
-                              std::string(kernels.name),
-                              kernels.reason,
-                              {},
-                              std::nullopt});
-  }
+  if (core->decide_kernels != nullptr) core->decide_kernels(plan);
   if (const FusedOpEntry* fused = find_fused_op(options.a2a, plan.runner)) {
     if (options.fused_ops == FusedOps::off) {
       plan.decisions.push_back({PlanLayer::runner,
@@ -321,7 +364,7 @@ void decide_runner_pipeline(Plan& plan) {
                                 fmt::format("{} is registered but fused ops are off", fused->name),
                                 {},
                                 std::nullopt});
-    } else if (Capability c = fused->supports(deployment); c.ok) {
+    } else if (Capability c = fused->supports(plan); c.ok) {
       plan.fused_op = std::string(fused->name);
       plan.decisions.push_back(
           {PlanLayer::runner, "fused op", plan.fused_op.value(), c.reason, {}, std::nullopt});
@@ -338,7 +381,8 @@ void decide_runner_pipeline(Plan& plan) {
   const PrePermuteEntry* pre = find_pre_permute(plan.dispatch_format, plan.core_format);
   const PostPermuteEntry* post = find_post_permute(plan.core_format, plan.dispatch_format);
   if (pre == nullptr || post == nullptr) {
-    fail(Errc::internal, "no permute between dispatch format standard and core format {}",
+    fail(Errc::internal, "no permute between dispatch format {} and core format {}",
+         dispatch_format_name(plan.dispatch_format),
          runner_format_name(plan.core_format));
   }
   plan.decisions.push_back({PlanLayer::runner,
@@ -351,7 +395,8 @@ void decide_runner_pipeline(Plan& plan) {
   plan.decisions.push_back({PlanLayer::runner,
                             "permutes",
                             fmt::format("pre: {}; post: {}", pre->name, post->name),
-                            "from the dispatcher's standard format to the core's and back",
+                            fmt::format("from the dispatcher's {} format to the core's and back",
+                                        dispatch_format_name(plan.dispatch_format)),
                             {},
                             std::nullopt});
 }
@@ -363,7 +408,7 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
     fail(Errc::config_refused, "refused: model spec '{}' cannot describe a layer: {}", spec.name,
          join(problems));
   }
-  check_options(options);
+  check_options(options, platform);
   Plan plan;
   plan.spec = spec;
   plan.options = options;
@@ -376,6 +421,7 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
   decide_quant_and_runner(plan);
   decide_dispatcher(plan);
   decide_runner_pipeline(plan);
+  decide_stages(plan);
   return plan;
 }
 

@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "moekit/dtype.hpp"
-#include "runner/runner_core.hpp"
+#include "contracts/weights.hpp"
 
 namespace moekit {
 

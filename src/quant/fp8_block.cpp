@@ -3,6 +3,8 @@
 // not a multiple of the block. Activations are quantised at run time per token per `block`
 // columns, as those models' inference code does.
 
+#include <fmt/format.h>
+
 #include "quant/quant_method.hpp"
 
 namespace moekit {
@@ -19,11 +21,27 @@ QuantParams QuantParams::Fp8Block(int64_t block) {
   return params;
 }
 
-Capability fp8_block_supports_runner(RunnerKind runner, const QuantParams& params) {
-  return read_by_cpu_cores(
-      runner, params.format,
-      "reads e4m3 rows times their block scales, widened to f32; activations quantised per "
-      "token per block of columns before each GEMM");
+std::vector<std::string> fp8_block_problems(const QuantParams& params) {
+  std::vector<std::string> found;
+  if (params.weight_dtype != DType::f8e4m3 || params.scale_dtype != DType::f32 ||
+      params.zero_points) {
+    found.emplace_back("fp8-block stores e4m3 weights with f32 scales and no zero points");
+  }
+  if (params.block_rows <= 0 || params.block_cols <= 0) {
+    found.push_back(fmt::format("fp8-block needs positive block sizes, got {} x {}",
+                                params.block_rows, params.block_cols));
+  }
+  if (params.activation != ActivationQuant::fp8_per_token_group ||
+      params.activation_group != params.block_cols) {
+    found.emplace_back("fp8-block quantises activations per token per block_cols columns");
+  }
+  return found;
+}
+
+std::string fp8_block_describe(const QuantParams& params) {
+  return fmt::format("e4m3 weights, f32 scale per {} x {} block, activations {} of {} columns",
+                     params.block_rows, params.block_cols,
+                     activation_quant_name(params.activation), params.activation_group);
 }
 
 Capability fp8_block_supports_spec(const ModelSpec&, const QuantParams&) {

@@ -2,6 +2,8 @@
 // have their own, as checkpoints ship them) or per output channel, multiplied in. Activations
 // are quantised to e4m3 at run time per token, or with one static scale per GEMM input.
 
+#include <fmt/format.h>
+
 #include "quant/quant_method.hpp"
 
 namespace moekit {
@@ -18,11 +20,27 @@ QuantParams QuantParams::Fp8Tensor(Fp8Scaling scaling, Fp8Activations activation
   return params;
 }
 
-Capability fp8_tensor_supports_runner(RunnerKind runner, const QuantParams& params) {
-  return read_by_cpu_cores(
-      runner, params.format,
-      "reads e4m3 rows times their scale, widened to f32; activations quantised per token or "
-      "statically before each GEMM");
+std::vector<std::string> fp8_tensor_problems(const QuantParams& params) {
+  std::vector<std::string> found;
+  if (params.weight_dtype != DType::f8e4m3 || params.scale_dtype != DType::f32 ||
+      params.zero_points) {
+    found.emplace_back("fp8-tensor stores e4m3 weights with f32 scales and no zero points");
+  }
+  if (params.block_cols != 0 || (params.block_rows != 0 && params.block_rows != 1)) {
+    found.emplace_back(
+        "fp8-tensor scales one whole matrix (blocks 0 x 0) or one output channel (1 x 0)");
+  }
+  if (params.activation != ActivationQuant::fp8_per_token &&
+      params.activation != ActivationQuant::fp8_static) {
+    found.emplace_back("fp8-tensor quantises activations per token or with a static scale");
+  }
+  return found;
+}
+
+std::string fp8_tensor_describe(const QuantParams& params) {
+  return fmt::format("e4m3 weights, one f32 scale per {}, activations {}",
+                     params.block_rows == 1 ? "output channel" : "matrix",
+                     activation_quant_name(params.activation));
 }
 
 Capability fp8_tensor_supports_spec(const ModelSpec&, const QuantParams&) {

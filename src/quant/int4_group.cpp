@@ -29,9 +29,38 @@ QuantParams QuantParams::Int4GroupA8(int64_t group, DType scale_dtype, bool zero
   return params;
 }
 
-Capability int4_group_supports_runner(RunnerKind runner, const QuantParams& params) {
-  return read_by_cpu_cores(runner, params.format,
-                           "unpacks int4 rows, subtracts the zero point, times the group scale");
+std::vector<std::string> int4_group_problems(const QuantParams& params) {
+  std::vector<std::string> found;
+  if (params.weight_dtype != DType::i4) found.emplace_back("int4-group stores i4 weights");
+  if (params.scale_dtype != DType::f16 && params.scale_dtype != DType::bf16) {
+    found.push_back(
+        fmt::format("int4-group scales are f16 or bf16, not {}", dtype_name(params.scale_dtype)));
+  }
+  if (params.block_rows != 1 || params.block_cols < 2 || params.block_cols % 2 != 0) {
+    found.push_back(
+        fmt::format("int4-group needs an even group size of at least 2 along K (one scale per "
+                    "row per group), got {} x {}",
+                    params.block_rows, params.block_cols));
+  }
+  if (params.activation != ActivationQuant::none &&
+      (params.activation != ActivationQuant::int8_per_token_group ||
+       params.activation_group != params.block_cols)) {
+    found.emplace_back(
+        "int4-group leaves activations unquantised, or quantises them to int8 per token per "
+        "weight group");
+  }
+  return found;
+}
+
+std::string int4_group_describe(const QuantParams& params) {
+  std::string text = fmt::format(
+      "int4 weights packed along K, one {} scale per group of {} columns{}, activations {}",
+      dtype_name(params.scale_dtype), params.block_cols,
+      params.zero_points ? " with zero points" : "", activation_quant_name(params.activation));
+  if (params.activation == ActivationQuant::int8_per_token_group) {
+    text += fmt::format(" of {} columns", params.activation_group);
+  }
+  return text;
 }
 
 Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams&) {

@@ -8,30 +8,18 @@ namespace moekit {
 
 const std::vector<QuantEntry>& quant_table() {
   static const std::vector<QuantEntry> table = {
-      {WeightFormat::f32,
-       unquantized_supports_runner,
-       unquantized_supports_spec,
+      {WeightFormat::f32, unquantized_problems, unquantized_describe, unquantized_supports_spec,
        {"weight", nullptr, nullptr}},
-      {WeightFormat::f16,
-       unquantized_supports_runner,
-       unquantized_supports_spec,
+      {WeightFormat::f16, unquantized_problems, unquantized_describe, unquantized_supports_spec,
        {"weight", nullptr, nullptr}},
-      {WeightFormat::bf16,
-       unquantized_supports_runner,
-       unquantized_supports_spec,
+      {WeightFormat::bf16, unquantized_problems, unquantized_describe, unquantized_supports_spec,
        {"weight", nullptr, nullptr}},
-      {WeightFormat::fp8_tensor,
-       fp8_tensor_supports_runner,
-       fp8_tensor_supports_spec,
-       {"weight", "weight_scale", nullptr}},
-      {WeightFormat::fp8_block,
-       fp8_block_supports_runner,
-       fp8_block_supports_spec,
+      {WeightFormat::fp8_tensor, fp8_tensor_problems, fp8_tensor_describe,
+       fp8_tensor_supports_spec, {"weight", "weight_scale", nullptr}},
+      {WeightFormat::fp8_block, fp8_block_problems, fp8_block_describe, fp8_block_supports_spec,
        {"weight", "weight_scale_inv", nullptr}},
-      {WeightFormat::int4_group,
-       int4_group_supports_runner,
-       int4_group_supports_spec,
-       {"qweight", "scales", "qzeros"}},
+      {WeightFormat::int4_group, int4_group_problems, int4_group_describe,
+       int4_group_supports_spec, {"qweight", "scales", "qzeros"}},
   };
   return table;
 }
@@ -74,21 +62,14 @@ int64_t weight_bytes(const QuantParams& params, int slots, int64_t hidden, int64
   return bytes;
 }
 
-Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string reason) {
-  if (runner == RunnerKind::reference || runner == RunnerKind::cpu) {
-    return Capability::Yes(std::move(reason));
-  }
-  return Capability::No(fmt::format("no {} core is built for {} weights", runner_name(runner),
-                                    weight_format_name(format)));
-}
+QuantMethod::QuantMethod(const QuantParams& params, Device device,
+                         std::unique_ptr<WeightPacker> packer)
+    : params_(params), device_(device), packer_(std::move(packer)) {}
 
-QuantMethod::QuantMethod(const QuantParams& params, WeightLayout layout)
-    : params_(params), layout_(layout) {}
-
-QuantMethod::Canonical QuantMethod::create_canonical(int slots) const {
+QuantMethod::Canonical QuantMethod::create_canonical(int slots, Device device) const {
   Canonical c;
   for (const TensorSpec& spec : weight_tensors(params_, slots, hidden_, intermediate_)) {
-    c.tensors.push_back(Tensor::empty(spec.dtype, spec.shape));
+    c.tensors.push_back(Tensor::empty(spec.dtype, spec.shape, device));
   }
   // weight_tensors() lists each stack as weight, then scale and zero where the format has them.
   const int per_stack = 1 + (params_.quantized() ? 1 : 0) + (params_.zero_points ? 1 : 0);
@@ -110,27 +91,23 @@ void QuantMethod::create_weights(int slots, int64_t hidden, int64_t intermediate
   intermediate_ = intermediate;
   weights_ = CoreWeights{};
   weights_.quant = params_;
-  if (layout_ == WeightLayout::canonical) {
-    canonical_ = create_canonical(slots);
-    weights_.w13 = canonical_.w13;
-    weights_.w2 = canonical_.w2;
+  if (packer_) {
+    weights_.packed = &packer_->packed();
     return;
   }
-  w13_panels_ = cpu::PanelBuffer(params_, cpu::PanelOrder::gate_up_interleaved, slots,
-                                 2 * intermediate, hidden);
-  w2_panels_ = cpu::PanelBuffer(params_, cpu::PanelOrder::rows, slots, hidden, intermediate);
-  weights_.w13_panels = w13_panels_.stack();
-  weights_.w2_panels = w2_panels_.stack();
+  canonical_ = create_canonical(slots, device_);
+  weights_.w13 = canonical_.w13;
+  weights_.w2 = canonical_.w2;
 }
 
 void QuantMethod::load_expert(int slot, const MatrixSource& gate, const MatrixSource& up,
                               const MatrixSource& down) {
-  // Packed layouts load into a one-expert canonical copy first and pack that.
-  const bool packed = layout_ == WeightLayout::panel16;
-  Canonical one = packed ? create_canonical(1) : Canonical{};
-  const StoredMatrices& w13 = packed ? one.w13 : weights_.w13;
-  const StoredMatrices& w2 = packed ? one.w2 : weights_.w2;
-  const int into = packed ? 0 : slot;
+  // Quantising and copying write host memory; a packer packs from a one-slot host copy.
+  const bool staged = packer_ != nullptr || device_.kind != DeviceKind::cpu;
+  Canonical one = staged ? create_canonical(1, Device::cpu()) : Canonical{};
+  const StoredMatrices& w13 = staged ? one.w13 : weights_.w13;
+  const StoredMatrices& w2 = staged ? one.w2 : weights_.w2;
+  const int into = staged ? 0 : slot;
   const auto load = [&](const MatrixSource& src, const StoredMatrices& dst, int part,
                         const char* name) {
     if (is_float_weight(src.weight.dtype)) {
@@ -142,9 +119,12 @@ void QuantMethod::load_expert(int slot, const MatrixSource& gate, const MatrixSo
   load(gate, w13, 0, "gate");
   load(up, w13, 1, "up");
   load(down, w2, 0, "down");
-  if (packed) {
-    w13_panels_.pack(params_, w13, 0, slot);
-    w2_panels_.pack(params_, w2, 0, slot);
+  if (packer_) {
+    packer_->pack(slot, w13, w2);
+  } else if (staged) {
+    for (size_t t = 0; t < one.tensors.size(); ++t) {
+      copy(canonical_.tensors[t].view().narrow(0, slot, 1), one.tensors[t].view());
+    }
   }
 }
 

@@ -2,15 +2,17 @@
 // Layer 5, the quant method: which weight tensors exist for a format and their shapes
 // (create_weights), how one expert's weights get into them (load_expert: copied when they come
 // in the format, quantised when they come as floats), and what a core is handed (apply).
-// A format contributes an entry to the quant table (one file per format in this folder): which
-// runner cores read it and which layers it can hold, each with a reason, and the names its
-// tensors carry in checkpoints.
+// A format contributes an entry to the quant table (one file per format in this folder): its
+// validity rule and description, which layers it can hold (with a reason), and the names its
+// tensors carry in checkpoints. Which runners read a format is the runners' answer
+// (runner/registry.hpp), so a new runner touches no format's file.
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "contracts/weights.hpp"
 #include "plan/capability.hpp"
-#include "runner/runner_core.hpp"
 
 namespace moekit {
 
@@ -31,7 +33,9 @@ struct TensorNames {
 
 struct QuantEntry {
   WeightFormat format;
-  Capability (*supports_runner)(RunnerKind runner, const QuantParams& params);
+  // What is wrong with parameters that claim this format (QuantParams::problems).
+  std::vector<std::string> (*problems)(const QuantParams& params);
+  std::string (*describe)(const QuantParams& params);
   // Whether a layer of this spec can be stored in the format (int4 packs K in pairs, say).
   Capability (*supports_spec)(const ModelSpec& spec, const QuantParams& params);
   TensorNames names;
@@ -53,19 +57,17 @@ std::vector<TensorSpec> weight_tensors(const QuantParams& params, int slots, int
 // The bytes of those tensors: weights, scales and zero points as stored.
 int64_t weight_bytes(const QuantParams& params, int slots, int64_t hidden, int64_t intermediate);
 
-// How a quant method stores the weights: as the format defines them (every core reads this),
-// or packed in panel16 for the cpu runner's AVX2 kernels (runner/cpu/panels.hpp).
-enum class WeightLayout { canonical, panel16 };
-
+// Holds one layer's expert weights on the plan's device: in the canonical layout every core can
+// read, or, where the runner supplied a WeightPacker, only in the runner's own layout (each
+// expert passes through a one-slot canonical copy on the host as it loads).
 class QuantMethod {
  public:
-  explicit QuantMethod(const QuantParams& params, WeightLayout layout = WeightLayout::canonical);
+  QuantMethod(const QuantParams& params, Device device, std::unique_ptr<WeightPacker> packer);
 
   const QuantParams& params() const { return params_; }
-  WeightLayout layout() const { return layout_; }
   void create_weights(int slots, int64_t hidden, int64_t intermediate);
-  // gate, up: [I, H]; down: [H, I]. Packed layouts go through one expert in the canonical
-  // layout, so quantising and copying are the same code for every layout.
+  // gate, up: [I, H]; down: [H, I] (host memory). Quantised when they come as floats, copied
+  // when they come in the format.
   void load_expert(int slot, const MatrixSource& gate, const MatrixSource& up,
                    const MatrixSource& down);
   // fp8_static: the scales of the two GEMM inputs, one for all experts.
@@ -73,36 +75,35 @@ class QuantMethod {
   CoreWeights apply() const;
 
  private:
-  // The canonical tensors of `slots` slots, as weight_tensors() lists them, with the views.
+  // The canonical tensors of `slots` slots on `device`, as weight_tensors() lists them.
   struct Canonical {
     std::vector<Tensor> tensors;
     StoredMatrices w13;
     StoredMatrices w2;
   };
-  Canonical create_canonical(int slots) const;
+  Canonical create_canonical(int slots, Device device) const;
 
   QuantParams params_;
-  WeightLayout layout_;
+  Device device_;
+  std::unique_ptr<WeightPacker> packer_;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
-  Canonical canonical_;  // the weights, or empty when packed
-  cpu::PanelBuffer w13_panels_;
-  cpu::PanelBuffer w2_panels_;
+  Canonical canonical_;  // the weights on the plan's device; empty when a packer holds them
   CoreWeights weights_;
 };
 
-// The answer every format gives today: the CPU-side cores (reference, cpu) read it, with the
-// format's reason; no GPU core is built for it yet.
-Capability read_by_cpu_cores(RunnerKind runner, WeightFormat format, std::string reason);
-
-// The formats' own capability checks, one pair per file in this folder.
-Capability unquantized_supports_runner(RunnerKind runner, const QuantParams& params);
+// The formats' own rules, one group per file in this folder.
+std::vector<std::string> unquantized_problems(const QuantParams& params);
+std::string unquantized_describe(const QuantParams& params);
 Capability unquantized_supports_spec(const ModelSpec& spec, const QuantParams& params);
-Capability fp8_tensor_supports_runner(RunnerKind runner, const QuantParams& params);
+std::vector<std::string> fp8_tensor_problems(const QuantParams& params);
+std::string fp8_tensor_describe(const QuantParams& params);
 Capability fp8_tensor_supports_spec(const ModelSpec& spec, const QuantParams& params);
-Capability fp8_block_supports_runner(RunnerKind runner, const QuantParams& params);
+std::vector<std::string> fp8_block_problems(const QuantParams& params);
+std::string fp8_block_describe(const QuantParams& params);
 Capability fp8_block_supports_spec(const ModelSpec& spec, const QuantParams& params);
-Capability int4_group_supports_runner(RunnerKind runner, const QuantParams& params);
+std::vector<std::string> int4_group_problems(const QuantParams& params);
+std::string int4_group_describe(const QuantParams& params);
 Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams& params);
 
 }  // namespace moekit

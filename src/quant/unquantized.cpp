@@ -1,6 +1,8 @@
 // Unquantized weights: f32, f16 or bf16 stored as the format says; source weights of another
 // float type are converted once, at load time (bf16 and f16 round to nearest even).
 
+#include <fmt/format.h>
+
 #include "moekit/error.hpp"
 #include "quant/quant_method.hpp"
 
@@ -26,8 +28,14 @@ QuantParams QuantParams::Unquantized(WeightFormat format) {
   return params;
 }
 
-Capability unquantized_supports_runner(RunnerKind runner, const QuantParams& params) {
-  return read_by_cpu_cores(runner, params.format, "reads f32/f16/bf16 rows, widened to f32");
+std::vector<std::string> unquantized_problems(const QuantParams& params) {
+  if (params == QuantParams::Unquantized(params.format)) return {};
+  return {fmt::format("{} weights take no scales and no activation quantisation",
+                      weight_format_name(params.format))};
+}
+
+std::string unquantized_describe(const QuantParams& params) {
+  return fmt::format("{} weights, activations unquantized", dtype_name(params.weight_dtype));
 }
 
 Capability unquantized_supports_spec(const ModelSpec&, const QuantParams&) {

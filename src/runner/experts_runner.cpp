@@ -9,7 +9,7 @@ ExpertsRunner::ExpertsRunner(const Plan& plan, const ExpertsProblem& problem) {
     const FusedOpEntry* entry = find_fused_op(plan.options.a2a, plan.runner);
     if (entry == nullptr)
       fail(Errc::internal, "plan names fused op {} that is not registered", *plan.fused_op);
-    fused_ = entry->create(problem);
+    fused_ = entry->create(plan, problem);
     return;
   }
   const CoreEntry* core = find_core(plan.runner);
@@ -18,7 +18,7 @@ ExpertsRunner::ExpertsRunner(const Plan& plan, const ExpertsProblem& problem) {
   if (core == nullptr || pre == nullptr || post == nullptr) {
     fail(Errc::internal, "plan names a runner core or permute that is not registered");
   }
-  core_ = core->create(problem);
+  core_ = core->create(plan, problem);
   pre_ = pre->create(problem);
   post_ = post->create(problem);
 }
@@ -28,16 +28,16 @@ int64_t ExpertsRunner::scratch_bytes() const {
   return pre_->scratch_bytes() + core_->scratch_bytes();
 }
 
-void ExpertsRunner::run(const DispatchOutput& input, const CoreWeights& weights, float* combined,
-                        void* scratch, ThreadPool& pool) const {
+void ExpertsRunner::run(const ExecContext& ctx, const DispatchOutput& input,
+                        const CoreWeights& weights, void* scratch) const {
   if (fused_) {
-    fused_->run(input, weights, combined, scratch, pool);
+    fused_->run(ctx, input, weights, scratch);
     return;
   }
   RunnerBatch batch;
-  pre_->run(input, batch, combined, scratch, pool);
-  core_->run(batch, weights, static_cast<char*>(scratch) + pre_->scratch_bytes(), pool);
-  post_->run(batch, input, combined, pool);
+  pre_->run(ctx, input, batch, scratch);
+  core_->run(ctx, batch, weights, static_cast<char*>(scratch) + pre_->scratch_bytes());
+  post_->run(ctx, batch, input);
 }
 
 }  // namespace moekit

@@ -12,9 +12,9 @@ class ExpertsRunner {
  public:
   ExpertsRunner(const Plan& plan, const ExpertsProblem& problem);
   int64_t scratch_bytes() const;
-  // Writes the weighted sum of the routed rows to combined [T, H], in token order.
-  void run(const DispatchOutput& input, const CoreWeights& weights, float* combined, void* scratch,
-           ThreadPool& pool) const;
+  // Writes the weighted sum of the routed rows to input.sum [T, H], in token order.
+  void run(const ExecContext& ctx, const DispatchOutput& input, const CoreWeights& weights,
+           void* scratch) const;
 
  private:
   std::unique_ptr<FusedOp> fused_;

@@ -5,7 +5,7 @@
 #include "core/thread_pool.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "runner/scratch.hpp"
+#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -13,16 +13,15 @@ namespace {
 class PassThroughPre final : public PrePermute {
  public:
   int64_t scratch_bytes() const override { return 0; }
-  void run(const DispatchOutput& input, RunnerBatch& batch, float* combined, void*,
-           ThreadPool&) const override {
+  void run(const ExecContext&, const DispatchOutput& input, RunnerBatch& batch,
+           void*) const override {
     batch.standard = &input;
-    batch.combined = combined;
   }
 };
 
 class PassThroughPost final : public PostPermute {
  public:
-  void run(const RunnerBatch&, const DispatchOutput&, float*, ThreadPool&) const override {}
+  void run(const ExecContext&, const RunnerBatch&, const DispatchOutput&) const override {}
 };
 
 // Counting sort of the (token, column) entries by slot, then a parallel gather of the rows.
@@ -37,8 +36,8 @@ class GroupByExpert final : public PrePermute {
     return counter.bytes();
   }
 
-  void run(const DispatchOutput& input, RunnerBatch& batch, float* combined, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, const DispatchOutput& input, RunnerBatch& batch,
+           void* scratch) const override {
     ScratchCarver carver(scratch);
     const Arrays a = carve(carver);
     const int64_t entries = input.tokens * input.columns;
@@ -52,7 +51,7 @@ class GroupByExpert final : public PrePermute {
       a.row_of_entry[e] =
           input.slots[e] >= 0 ? static_cast<int32_t>(a.cursor[input.slots[e]]++) : -1;
     }
-    pool.parallel_for(entries, [&](int64_t begin, int64_t end) {
+    ctx.threads().parallel_for(entries, [&](int64_t begin, int64_t end) {
       for (int64_t e = begin; e < end; ++e) {
         if (a.row_of_entry[e] < 0) continue;
         kernels::activation_row(input.hidden, e / input.columns,
@@ -60,7 +59,6 @@ class GroupByExpert final : public PrePermute {
       }
     });
     batch.standard = &input;
-    batch.combined = combined;
     batch.contiguous = {a.rows,    a.row_out,      a.offsets[p_.slots],
                         a.offsets, a.row_of_entry, input.hidden.dtype};
   }
@@ -86,12 +84,12 @@ class WeightedSumToTokens final : public PostPermute {
  public:
   explicit WeightedSumToTokens(const ExpertsProblem& problem) : hidden_(problem.hidden) {}
 
-  void run(const RunnerBatch& batch, const DispatchOutput& input, float* combined,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, const RunnerBatch& batch,
+           const DispatchOutput& input) const override {
     const ContiguousRows& rows = batch.contiguous;
-    pool.parallel_for(input.tokens, [&](int64_t begin, int64_t end) {
+    ctx.threads().parallel_for(input.tokens, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        float* out = combined + t * hidden_;
+        float* out = input.sum + t * hidden_;
         std::fill(out, out + hidden_, 0.0f);
         for (int j = 0; j < input.columns; ++j) {
           const int64_t e = t * input.columns + j;

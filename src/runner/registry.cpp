@@ -1,13 +1,13 @@
 #include "runner/registry.hpp"
 
-#include <fmt/format.h>
-
 namespace moekit {
 
 const std::vector<CoreEntry>& core_table() {
   static const std::vector<CoreEntry> table = {
-      {RunnerKind::reference, RunnerFormat::standard, reference_supports, make_reference_core},
-      {RunnerKind::cpu, RunnerFormat::contiguous, cpu_supports, make_cpu_core},
+      {RunnerKind::reference, RunnerFormat::standard, reference_supports, reference_reads,
+       make_reference_core, nullptr, nullptr},
+      {RunnerKind::cpu, RunnerFormat::contiguous, cpu_supports, cpu_reads, make_cpu_core,
+       make_cpu_packer, cpu_decide_kernels},
   };
   return table;
 }
@@ -35,24 +35,6 @@ const std::vector<PostPermuteEntry>& post_permute_table() {
        make_weighted_sum_to_tokens},
   };
   return table;
-}
-
-CpuKernelChoice choose_cpu_kernels(const Platform& platform) {
-  if (platform.avx2 && platform.fma && platform.f16c) {
-    return {CpuKernels::avx2_panels, "avx2 panel16",
-            fmt::format("AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for "
-                        "few rows, blocked GEMM for many; int4 streamed against bf16/f16 "
-                        "activations takes them as int16 per group, 16-bit dot products ({}), "
-                        "and int4-group-a8 its int8 activations in 8-bit ones ({}); "
-                        "bf16 weights against bf16 activations: {}",
-                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddwd",
-                        platform.avx512_vnni ? "AVX-512 VNNI" : "pmaddubsw",
-                        platform.avx512_bf16 ? "the GEMM rounds its inputs to bf16 and runs "
-                                               "AVX-512 BF16 dot products"
-                                             : "the f32 GEMM (no AVX-512 BF16)")};
-  }
-  return {CpuKernels::portable, "portable",
-          "no AVX2+FMA+F16C on this platform: canonical weights widened a row at a time"};
 }
 
 const CoreEntry* find_core(RunnerKind kind) {

@@ -62,7 +62,7 @@ TEST(RunCase, TimesEveryFormatAndBatchAndMatchesTheReference) {
     EXPECT_LE(r.distinct_experts, std::min<int64_t>(8, 2 * r.tokens));
     EXPECT_EQ(
         r.roofline.bytes,
-        Roofline::Of(c.spec, r.format, r.tokens, r.distinct_experts, DType::bf16, kCeilings).bytes);
+        Roofline::Of(c.spec, r.format, r.tokens, r.distinct_experts, DType::bf16, kCeilings, false).bytes);
   }
 }
 
@@ -130,7 +130,7 @@ CaseResult made_up_result(double error) {
   r.timing = Timing::Of({0.04, 0.05, 0.06});
   r.distinct_experts = 80;
   r.expected_distinct_experts = 82.4;
-  r.roofline = Roofline::Of(r.spec, r.format, 16, 80, DType::bf16, kCeilings);
+  r.roofline = Roofline::Of(r.spec, r.format, 16, 80, DType::bf16, kCeilings, false);
   r.error = error;
   r.ok = error <= kBf16Tolerance;
   return r;

@@ -100,7 +100,7 @@ TEST_P(RooflineFloor, IsTheLongerOfStreamingTheBytesAndDoingTheFlops) {
   const BenchCase c =
       BenchCase::Routed("tiny", 4, 2, 8, 4, {WeightFormat::bf16}, {1}, DeviceKind::cpu);
   const Ceilings ceilings = Ceilings::Known(2, SimdIsa::portable, row.bandwidth, row.peak);
-  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 1, 2, DType::bf16, ceilings);
+  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 1, 2, DType::bf16, ceilings, false);
   EXPECT_EQ(r.bytes, 432);
   EXPECT_DOUBLE_EQ(r.flops, 384.0);
   EXPECT_DOUBLE_EQ(r.floor_s, row.floor_s);
@@ -118,26 +118,26 @@ TEST(Roofline, CountsSixFlopsPerWeightPerRoutedToken) {
   const BenchCase c =
       BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
   const Ceilings ceilings = Ceilings::Known(2, SimdIsa::avx2_fma, 34.5e9, 204e9);
-  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings);
+  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings, false);
   EXPECT_DOUBLE_EQ(r.flops, 6.0 * 512 * 8 * 2048 * 768);
 }
 
-// bf16 weights with bf16 activations take the bf16 GEMM where the machine has bf16 dot products,
-// so that peak is their compute ceiling; other formats and f32 activations keep the FMA's.
-TEST(Roofline, Bf16WeightsAndActivationsAreBoundByTheBf16DotPeak) {
+// Where the plan's GEMM runs on bf16 dot products (CpuKernels::bf16_rows), that peak is the
+// compute ceiling, if the machine measured one; otherwise the FMA's.
+TEST(Roofline, PlannedBf16DotProductsAreBoundByTheBf16DotPeak) {
   const BenchCase c =
       BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
   const double flops = 6.0 * 512 * 8 * 2048 * 768;
   const Ceilings both = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9, 400e9);
   const Ceilings fma_only = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9);
-  const QuantParams int4 = QuantParams::Int4Group(128, DType::bf16, false);
-  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both).floor_s,
-                   flops / 400e9);
-  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::f32, both).floor_s,
-                   flops / 200e9);
-  EXPECT_DOUBLE_EQ(Roofline::Of(c.spec, int4, 512, 128, DType::bf16, both).floor_s, flops / 200e9);
   EXPECT_DOUBLE_EQ(
-      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, fma_only).floor_s,
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both, true).floor_s,
+      flops / 400e9);
+  EXPECT_DOUBLE_EQ(
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both, false).floor_s,
+      flops / 200e9);
+  EXPECT_DOUBLE_EQ(
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, fma_only, true).floor_s,
       flops / 200e9);
 }
 

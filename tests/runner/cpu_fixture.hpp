@@ -9,6 +9,7 @@
 
 #include "moekit/platform.hpp"
 #include "quant/quant_method.hpp"
+#include "runner/cpu/panels.hpp"
 
 namespace moekit::test {
 
@@ -50,7 +51,8 @@ struct TwoLayouts {
   QuantMethod packed;
 
   TwoLayouts(const QuantParams& q, int slots, int64_t H, int64_t I, uint64_t seed)
-      : canonical(q, WeightLayout::canonical), packed(q, WeightLayout::panel16) {
+      : canonical(q, Device::cpu(), nullptr),
+        packed(q, Device::cpu(), std::make_unique<cpu::PanelPacker>(q, slots, H, I)) {
     canonical.create_weights(slots, H, I);
     packed.create_weights(slots, H, I);
     std::mt19937_64 rng(seed);

@@ -12,6 +12,7 @@
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
+#include "runner/cpu/kernel_choice.hpp"
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/cpu_fixture.hpp"
@@ -44,6 +45,20 @@ std::string format_shape_name(const ::testing::TestParamInfo<FormatShape>& info)
 
 constexpr int kSlots = 3;
 
+// The plan's kernels for a layer of this format and shape on a CPU with the given features.
+CpuKernels planned_kernels(const QuantParams& q, int64_t H, int64_t I, bool avx512_bf16 = false,
+                           bool avx512_vnni = false) {
+  Platform platform = Platform::cpu_only(1);
+  platform.avx2 = platform.fma = platform.f16c = true;
+  platform.avx512_bf16 = avx512_bf16;
+  platform.avx512_vnni = avx512_vnni;
+  ModelSpec spec;
+  spec.hidden = H;
+  spec.intermediate = I;
+  spec.shared_intermediate = I;
+  return cpu::choose_cpu_kernels(platform, spec, q);
+}
+
 class PanelPacking : public ::testing::TestWithParam<FormatShape> {};
 
 // Every packed value, padding included, equals the canonical value it stands for.
@@ -71,9 +86,9 @@ TEST_P(PanelPacking, HoldsExactlyTheCanonicalValues) {
     }
     return mismatches;
   };
-  EXPECT_EQ(check(canonical.w13, packed.w13_panels, cpu::PanelOrder::gate_up_interleaved, 2 * I, H),
+  EXPECT_EQ(check(canonical.w13, cpu::panel_weights(packed).w13, cpu::PanelOrder::gate_up_interleaved, 2 * I, H),
             0);
-  EXPECT_EQ(check(canonical.w2, packed.w2_panels, cpu::PanelOrder::rows, H, I), 0);
+  EXPECT_EQ(check(canonical.w2, cpu::panel_weights(packed).w2, cpu::PanelOrder::rows, H, I), 0);
 }
 
 TEST(PanelPacking, InterleavesGateAndUpRowsOfTheSameIndex) {
@@ -116,7 +131,7 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
   const auto& [format, shape] = GetParam();
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
+  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<float> sums(cpu::kStreamRows * std::max<int64_t>(1, m.scale_steps()));
     for (int r = 0; r < cpu::kStreamRows && m.dtype == DType::i4; ++r) {
@@ -160,11 +175,11 @@ class Int16StreamingKernel : public StreamingKernel {};
 
 TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   const auto& [format, shape] = GetParam();
-  ASSERT_EQ(cpu::int4_stream(format.params, shape.hidden, shape.intermediate, DType::bf16),
-            cpu::Int4Stream::int16);
+  ASSERT_EQ(planned_kernels(format.params, shape.hidden, shape.intermediate).routed_int4.half,
+            Int4Rows::int16);
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
+  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const int64_t steps = m.scale_steps();
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<int16_t> q(x.size());
@@ -228,11 +243,11 @@ TEST_P(Int8StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   const auto& [format, shape] = GetParam();
   const QuantParams a8 = QuantParams::Int4GroupA8(
       format.params.block_cols, format.params.scale_dtype, format.params.zero_points);
-  ASSERT_EQ(cpu::int4_stream(a8, shape.hidden, shape.intermediate, DType::f32),
-            cpu::Int4Stream::int8);
+  ASSERT_EQ(planned_kernels(a8, shape.hidden, shape.intermediate).routed_int4.f32,
+            Int4Rows::int8);
   const TwoLayouts w(a8, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {packed.w13_panels.slot(0), packed.w2_panels.slot(0)}) {
+  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const int64_t steps = m.scale_steps();
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<int8_t> q(x.size());
@@ -325,7 +340,7 @@ struct KernelChoiceCase {
   int64_t intermediate;
   DType activations;
   bool avx512_bf16;
-  cpu::Int4Stream int4_stream;
+  Int4Rows int4_rows;
   bool bf16_gemm;
 };
 
@@ -333,7 +348,7 @@ struct KernelChoiceCase {
 // in as bf16 or f16, int8 wherever the format quantises activations to int8, and only shapes the
 // integer kernels can sum exactly.
 TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
-  using enum cpu::Int4Stream;
+  using enum Int4Rows;
   const QuantParams int4 = QuantParams::Int4Group(128, DType::bf16, false);
   const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
   const QuantParams bf16 = QuantParams::Unquantized(WeightFormat::bf16);
@@ -359,10 +374,32 @@ TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
       {"bf16, f32 activations", bf16, 2048, 768, DType::f32, true, f32, false},
   };
   for (const KernelChoiceCase& c : cases) {
-    EXPECT_EQ(cpu::int4_stream(c.format, c.hidden, c.intermediate, c.activations), c.int4_stream)
-        << c.name;
-    EXPECT_EQ(cpu::use_bf16_gemm(c.format, c.activations, c.avx512_bf16), c.bf16_gemm) << c.name;
+    const CpuKernels k = planned_kernels(c.format, c.hidden, c.intermediate, c.avx512_bf16);
+    EXPECT_EQ(k.routed_int4.of(c.activations), c.int4_rows) << c.name;
+    EXPECT_EQ(k.bf16_rows(c.activations), c.bf16_gemm) << c.name;
   }
+}
+
+TEST(KernelChoice, IsPortableWithoutAvx2FmaAndF16c) {
+  const CpuKernels k = cpu::choose_cpu_kernels(Platform::cpu_only(2), ModelSpec::demo(),
+                                               QuantParams::Int4Group(128, DType::bf16, false));
+  EXPECT_EQ(k.set, CpuKernelSet::portable);
+  EXPECT_FALSE(k.bf16_gemm);
+  EXPECT_EQ(k.routed_int4.half, Int4Rows::f32);
+}
+
+// Shared experts computed apart get a choice of their own: their I may allow what the routed
+// experts' does not.
+TEST(KernelChoice, SharedExpertsOfAnotherWidthAreChosenApart) {
+  ModelSpec spec = ModelSpec::demo();
+  spec.intermediate = 770;  // K % 4 == 2: no integer rows for the routed experts
+  spec.shared_intermediate = 1536;
+  Platform platform = Platform::cpu_only(2);
+  platform.avx2 = platform.fma = platform.f16c = true;
+  const CpuKernels k =
+      cpu::choose_cpu_kernels(platform, spec, QuantParams::Int4Group(128, DType::bf16, false));
+  EXPECT_EQ(k.routed_int4.half, Int4Rows::f32);
+  EXPECT_EQ(k.shared_int4.half, Int4Rows::int16);
 }
 
 // The grouped path: rows for one expert from 1 to 8 (streamed, in passes of up to four rows)
@@ -417,11 +454,17 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
   const int64_t H = 72, I = 20, tokens = 5;
   const int slots = 3;  // slot 0: c.rows rows, slot 1: none, slot 2: two rows
   const int64_t n_rows = c.rows + 2;
-  ExpertsProblem problem{H, I, c.activation, slots, 1, n_rows, 2};
-  problem.kernels = CpuKernels::avx2_panels;
-  problem.avx512_vnni = Platform::probe().avx512_vnni;
-  problem.avx512_bf16 = Platform::probe().avx512_bf16;
-  problem.quant = c.format.params;
+  const ExpertsProblem problem{.hidden = H,
+                               .intermediate = I,
+                               .activation = c.activation,
+                               .slots = slots,
+                               .columns = 1,
+                               .max_tokens = n_rows,
+                               .threads = 2,
+                               .quant = c.format.params};
+  const Platform here = Platform::probe();
+  const CpuKernels kernels =
+      planned_kernels(c.format.params, H, I, here.avx512_bf16, here.avx512_vnni);
   const TwoLayouts w(c.format.params, slots, H, I, 13);
   const CoreWeights packed = w.packed.apply();
 
@@ -435,7 +478,7 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
     weight[r] = 0.25f + 0.125f * static_cast<float>(r % 4);
   }
   std::vector<float> out(tokens * H, std::numeric_limits<float>::quiet_NaN());
-  cpu::PanelMoe moe(problem);
+  cpu::PanelMoe moe(problem, kernels, kernels.routed_int4);
   std::vector<std::byte> scratch(moe.scratch_bytes() + kScratchAlignment);
   void* aligned = reinterpret_cast<void*>(scratch_align(reinterpret_cast<int64_t>(scratch.data())));
   ThreadPool pool(2);
@@ -445,7 +488,7 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
 
   std::vector<double> want(tokens * H, 0.0), bound(tokens * H, 0.0);
   for (int slot = 0; slot < slots; ++slot) {
-    const PanelMatrix w13 = packed.w13_panels.slot(slot), w2 = packed.w2_panels.slot(slot);
+    const PanelMatrix w13 = cpu::panel_weights(packed).w13.slot(slot), w2 = cpu::panel_weights(packed).w2.slot(slot);
     for (int64_t r = offsets[slot]; r < offsets[slot + 1]; ++r) {
       std::vector<float> act(I);
       double act_bound = 0.0;

@@ -116,7 +116,7 @@ TEST_P(Avx2Layer, MatchesTheOracleOfItsFormat) {
   options.max_tokens = c.path.max_tokens;
   options.fused_ops = c.path.fused_ops;
   const Plan plan = resolve(spec, options, Platform::probe());
-  ASSERT_EQ(find_decision(plan, "kernels")->choice, "avx2 panel16");
+  ASSERT_EQ(plan.cpu_kernels->set, CpuKernelSet::avx2_panels);
   const RandomWeights given = RandomWeights::make(spec, random_weights_dtype(quant.format), 31);
   const Inputs in = random_inputs(spec, c.path.tokens, DType::f32, 37);
   const LayerRun run = run_plan(plan, given.view(), in);

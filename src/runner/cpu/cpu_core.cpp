@@ -7,13 +7,17 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/thread_pool.hpp"
+#include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
+#include "runner/cpu/kernel_choice.hpp"
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "runner/scratch.hpp"
+#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -35,8 +39,9 @@ class CpuCore final : public RunnerCore {
   RunnerFormat format() const override { return RunnerFormat::contiguous; }
   int64_t scratch_bytes() const override { return shared_bytes_ + worker_bytes_ * p_.threads; }
 
-  void run(RunnerBatch& batch, const CoreWeights& weights, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, RunnerBatch& batch, const CoreWeights& weights,
+           void* scratch) const override {
+    ThreadPool& pool = ctx.threads();
     const ContiguousRows& rows = batch.contiguous;
     auto* act = static_cast<float*>(scratch);
     void* workers = static_cast<char*>(scratch) + shared_bytes_;
@@ -123,7 +128,8 @@ class CpuCore final : public RunnerCore {
 
 class PanelCore final : public RunnerCore {
  public:
-  explicit PanelCore(const ExpertsProblem& problem) : p_(problem), moe_(problem) {
+  PanelCore(const ExpertsProblem& problem, const CpuKernels& kernels)
+      : p_(problem), moe_(problem, kernels, cpu::int4_rows(problem, kernels)) {
     ScratchCarver carver;
     carve(carver);
     own_bytes_ = carver.bytes();
@@ -132,8 +138,8 @@ class PanelCore final : public RunnerCore {
   RunnerFormat format() const override { return RunnerFormat::contiguous; }
   int64_t scratch_bytes() const override { return own_bytes_ + moe_.scratch_bytes(); }
 
-  void run(RunnerBatch& batch, const CoreWeights& weights, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, RunnerBatch& batch, const CoreWeights& weights,
+           void* scratch) const override {
     const ContiguousRows& rows = batch.contiguous;
     ScratchCarver carver(scratch);
     const Own own = carve(carver);
@@ -143,7 +149,7 @@ class PanelCore final : public RunnerCore {
     }
     const cpu::GroupedRows grouped{rows.rows,  rows.n_rows,  rows.offsets, own.out_row,
                                    own.weight, rows.row_out, rows.n_rows,  rows.activations};
-    moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
+    moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, ctx.threads());
   }
 
  private:
@@ -162,6 +168,26 @@ class PanelCore final : public RunnerCore {
 
 }  // namespace
 
+Capability cpu_reads(const QuantParams& quant) {
+  switch (quant.format) {
+    case WeightFormat::f32:
+    case WeightFormat::f16:
+    case WeightFormat::bf16:
+      return Capability::Yes("reads f32/f16/bf16 rows, widened to f32");
+    case WeightFormat::fp8_tensor:
+      return Capability::Yes(
+          "reads e4m3 rows times their scale, widened to f32; activations quantised per token or "
+          "statically before each GEMM");
+    case WeightFormat::fp8_block:
+      return Capability::Yes(
+          "reads e4m3 rows times their block scales, widened to f32; activations quantised per "
+          "token per block of columns before each GEMM");
+    case WeightFormat::int4_group:
+      return Capability::Yes("unpacks int4 rows, subtracts the zero point, times the group scale");
+  }
+  return Capability::No(fmt::format("the cpu core has no reader for {}", quant.name()));
+}
+
 Capability cpu_supports(const Deployment& deployment) {
   if (deployment.options.device.kind != DeviceKind::cpu) {
     return Capability::No("the cpu core computes on the CPU; tensors on a GPU need a GPU runner");
@@ -169,9 +195,28 @@ Capability cpu_supports(const Deployment& deployment) {
   return Capability::Yes("rows grouped by expert, each expert's weights read once, all threads");
 }
 
-std::unique_ptr<RunnerCore> make_cpu_core(const ExpertsProblem& problem) {
-  if (problem.kernels == CpuKernels::avx2_panels) return std::make_unique<PanelCore>(problem);
+std::unique_ptr<RunnerCore> make_cpu_core(const Plan& plan, const ExpertsProblem& problem) {
+  const CpuKernels& kernels = cpu::planned_kernels(plan);
+  if (kernels.set == CpuKernelSet::avx2_panels) {
+    return std::make_unique<PanelCore>(problem, kernels);
+  }
   return std::make_unique<CpuCore>(problem);
+}
+
+void cpu_decide_kernels(Plan& plan) {
+  plan.cpu_kernels = cpu::choose_cpu_kernels(plan.platform, plan.spec, plan.quant);
+  plan.decisions.push_back({PlanLayer::runner,
+                            "kernels",
+                            plan.cpu_kernels->name,
+                            cpu::describe(*plan.cpu_kernels),
+                            {},
+                            std::nullopt});
+}
+
+std::unique_ptr<WeightPacker> make_cpu_packer(const Plan& plan, const ExpertsProblem& problem) {
+  if (cpu::planned_kernels(plan).set != CpuKernelSet::avx2_panels) return nullptr;
+  return std::make_unique<cpu::PanelPacker>(problem.quant, problem.slots, problem.hidden,
+                                            problem.intermediate);
 }
 
 }  // namespace moekit

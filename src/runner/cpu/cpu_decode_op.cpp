@@ -13,10 +13,11 @@
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
+#include "runner/cpu/kernel_choice.hpp"
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "runner/scratch.hpp"
+#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -32,8 +33,9 @@ class CpuDecodeOp final : public FusedOp {
 
   int64_t scratch_bytes() const override { return pairs_bytes_ + worker_bytes_ * p_.threads; }
 
-  void run(const DispatchOutput& input, const CoreWeights& weights, float* combined, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, const DispatchOutput& input, const CoreWeights& weights,
+           void* scratch) const override {
+    ThreadPool& pool = ctx.threads();
     const int64_t H = p_.hidden;
     const int64_t I = p_.intermediate;
     const QuantParams& q = weights.quant;
@@ -62,7 +64,7 @@ class CpuDecodeOp final : public FusedOp {
     });
     pool.parallel_for(input.tokens, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        float* out = combined + t * H;
+        float* out = input.sum + t * H;
         std::fill(out, out + H, 0.0f);
         for (int j = 0; j < input.columns; ++j) {
           const int64_t e = t * input.columns + j;
@@ -91,7 +93,8 @@ class CpuDecodeOp final : public FusedOp {
 
 class PanelFusedOp final : public FusedOp {
  public:
-  explicit PanelFusedOp(const ExpertsProblem& problem) : p_(problem), moe_(problem) {
+  PanelFusedOp(const ExpertsProblem& problem, const CpuKernels& kernels)
+      : p_(problem), moe_(problem, kernels, cpu::int4_rows(problem, kernels)) {
     ScratchCarver carver;
     carve(carver);
     own_bytes_ = carver.bytes();
@@ -99,8 +102,9 @@ class PanelFusedOp final : public FusedOp {
 
   int64_t scratch_bytes() const override { return own_bytes_ + moe_.scratch_bytes(); }
 
-  void run(const DispatchOutput& input, const CoreWeights& weights, float* combined, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, const DispatchOutput& input, const CoreWeights& weights,
+           void* scratch) const override {
+    ThreadPool& pool = ctx.threads();
     const int64_t H = p_.hidden;
     ScratchCarver carver(scratch);
     const Own own = carve(carver);
@@ -129,7 +133,7 @@ class PanelFusedOp final : public FusedOp {
       }
     });
     const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets,  own.out_row,
-                                   own.weight, combined, input.tokens, input.hidden.dtype};
+                                   own.weight, input.sum, input.tokens, input.hidden.dtype};
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
   }
 
@@ -160,27 +164,30 @@ class PanelFusedOp final : public FusedOp {
 // step costs a gather and buys nothing.
 constexpr int64_t kDecodeMaxTokens = 4;
 
-Capability cpu_decode_supports(const Deployment& deployment) {
-  if (deployment.options.device.kind != DeviceKind::cpu) {
+Capability cpu_decode_supports(const Plan& plan) {
+  if (plan.options.device.kind != DeviceKind::cpu) {
     return Capability::No("computes on the CPU only");
   }
-  if (choose_cpu_kernels(deployment.platform).kernels == CpuKernels::avx2_panels) {
+  if (cpu::planned_kernels(plan).set == CpuKernelSet::avx2_panels) {
     return Capability::Yes(
         "AVX2 panel16 kernels: entries grouped by expert in place, each expert's weighted "
         "output added straight into the token rows, so no permutes at any batch size");
   }
-  if (deployment.options.max_tokens > kDecodeMaxTokens) {
+  if (plan.options.max_tokens > kDecodeMaxTokens) {
     return Capability::No(fmt::format(
         "a decode op: max_tokens {} > {}, where grouping rows by expert reads each expert once",
-        deployment.options.max_tokens, kDecodeMaxTokens));
+        plan.options.max_tokens, kDecodeMaxTokens));
   }
   return Capability::Yes(fmt::format(
       "max_tokens {} <= {}: tokens rarely share experts, so no gather into expert order",
-      deployment.options.max_tokens, kDecodeMaxTokens));
+      plan.options.max_tokens, kDecodeMaxTokens));
 }
 
-std::unique_ptr<FusedOp> make_cpu_decode_op(const ExpertsProblem& problem) {
-  if (problem.kernels == CpuKernels::avx2_panels) return std::make_unique<PanelFusedOp>(problem);
+std::unique_ptr<FusedOp> make_cpu_decode_op(const Plan& plan, const ExpertsProblem& problem) {
+  const CpuKernels& kernels = cpu::planned_kernels(plan);
+  if (kernels.set == CpuKernelSet::avx2_panels) {
+    return std::make_unique<PanelFusedOp>(problem, kernels);
+  }
   return std::make_unique<CpuDecodeOp>(problem);
 }
 

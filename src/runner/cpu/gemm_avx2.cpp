@@ -21,7 +21,6 @@
 #include <cstdint>
 
 #include "moekit/error.hpp"
-#include "moekit/platform.hpp"
 #include "runner/cpu/int4_avx2.hpp"
 
 #define MOEKIT_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -265,14 +264,6 @@ MOEKIT_AVX2 void widen_int4(const PanelMatrix& w, int64_t p, int64_t k0, int64_t
 
 void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
                      int64_t p_end, const float* c, int64_t ldc, const float* work) {
-  // Without the instructions the kernels would die on SIGILL; an error names the caller's bug.
-  static const bool cpu_has_isa = [] {
-    const Platform p = Platform::probe();
-    return p.avx2 && p.fma && p.f16c;
-  }();
-  if (!cpu_has_isa) {
-    fail(Errc::internal, "gemm_panels needs AVX2, FMA and F16C, which this CPU lacks");
-  }
   const DType d = w.dtype;
   require(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f8e4m3 ||
               d == DType::i4,

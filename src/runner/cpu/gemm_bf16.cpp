@@ -7,18 +7,12 @@
 #include <cstdint>
 
 #include "moekit/error.hpp"
-#include "moekit/platform.hpp"
 
 namespace moekit::cpu {
 namespace {
 
 void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
                      int64_t p_end, const float* c, int64_t ldc, const void* work) {
-  // Without the instructions the kernel would die on SIGILL; an error names the caller's bug.
-  static const bool cpu_has_isa = Platform::probe().avx512_bf16;
-  if (!cpu_has_isa) {
-    fail(Errc::internal, "gemm_panels_bf16 needs AVX-512 BF16, which this CPU lacks");
-  }
   require(w.dtype == DType::bf16, "gemm_panels_bf16: weight dtype {} is not bf16",
           dtype_name(w.dtype));
   require(w.n > 0 && w.k > 0 && w.data != nullptr,

@@ -4,8 +4,7 @@
 // rounded to bf16 (to nearest, ties to even, as a model's own bf16 matmuls round them), times a
 // panel16 bf16 weight matrix [N, K]^T, summed in f32. The caller chooses it only where the
 // layer's activations are bf16 anyway, splits panels across threads (one call is
-// single-threaded) and checks Platform::avx512_bf16 first: a call on a CPU without AVX-512 BF16
-// throws Errc::internal.
+// single-threaded), only where the plan's CpuKernels::bf16_gemm says the CPU has AVX-512 BF16.
 
 #include <cstdint>
 

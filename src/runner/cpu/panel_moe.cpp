@@ -37,7 +37,7 @@ int64_t int4_steps(const QuantParams& q, int64_t k) {
 
 }  // namespace
 
-// A worker's int16 or int8 copies of the rows it streams (int4_stream): kStreamMaxRows rows of
+// A worker's int16 or int8 copies of the rows it streams (Int4Rows): kStreamMaxRows rows of
 // codes, and of their per-step scales and sums.
 struct RowCodes {
   void* q = nullptr;
@@ -79,27 +79,11 @@ struct PanelMoe::Worker {
   void* bf16_work = nullptr;  // gemm_panels_bf16's scratch
 };
 
-Int4Stream int4_stream(const QuantParams& q, int64_t hidden, int64_t intermediate,
-                       DType activations) {
-  if (q.weight_dtype != DType::i4) return Int4Stream::f32;
-  const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
-  if (!int8 && activations == DType::f32) return Int4Stream::f32;
-  for (const int64_t k : {hidden, intermediate}) {
-    const int64_t group = q.block_cols == 0 ? k : q.block_cols;
-    const int64_t longest = int8 ? kInt8MaxStep : kInt16MaxStep;
-    if (k % kInt4BlockK != 0 || group % kInt4BlockK != 0 || group > longest) {
-      return Int4Stream::f32;
-    }
-  }
-  return int8 ? Int4Stream::int8 : Int4Stream::int16;
-}
-
-bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16) {
-  return avx512_bf16 && q.weight_dtype == DType::bf16 && activations == DType::bf16;
-}
-
-PanelMoe::PanelMoe(const ExpertsProblem& problem)
+PanelMoe::PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels,
+                   Int4RowsByActivations int4)
     : problem_(problem),
+      kernels_(kernels),
+      int4_(int4),
       hidden_steps_(int4_steps(problem.quant, problem.hidden)),
       intermediate_steps_(int4_steps(problem.quant, problem.intermediate)) {
   ScratchCarver shared;
@@ -131,28 +115,27 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
       carver.take<float>(gemm_scratch_floats(widest)),
       {}};
   // Scratch for integer rows wherever some activations' dtype could take them.
-  const Int4Stream stream =
-      int4_stream(problem_.quant, problem_.hidden, problem_.intermediate, DType::bf16);
-  if (stream != Int4Stream::f32) {
+  const Int4Rows stream = int4_.half;
+  if (stream != Int4Rows::f32) {
     const int64_t steps = std::max(hidden_steps_, intermediate_steps_);
     const int64_t values = kStreamMaxRows * widest;
-    void* q = stream == Int4Stream::int8 ? static_cast<void*>(carver.take<int8_t>(values))
+    void* q = stream == Int4Rows::int8 ? static_cast<void*>(carver.take<int8_t>(values))
                                          : static_cast<void*>(carver.take<int16_t>(values));
     w.codes = {q, carver.take<float>(kStreamMaxRows * steps),
                carver.take<float>(kStreamMaxRows * steps)};
   }
-  if (use_bf16_gemm(problem_.quant, DType::bf16, problem_.avx512_bf16)) {
+  if (kernels_.bf16_rows(DType::bf16)) {
     w.bf16_work = carver.take<std::byte>(gemm_bf16_scratch_bytes(widest));
   }
   return w;
 }
 
-Int4Stream PanelMoe::stream_kind(const GroupedRows& rows) const {
-  return int4_stream(problem_.quant, problem_.hidden, problem_.intermediate, rows.activations);
+Int4Rows PanelMoe::stream_kind(const GroupedRows& rows) const {
+  return int4_.of(rows.activations);
 }
 
 bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
-  return use_bf16_gemm(problem_.quant, rows.activations, problem_.avx512_bf16);
+  return kernels_.bf16_rows(rows.activations);
 }
 
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
@@ -214,10 +197,11 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
   const int64_t steps = stage.down ? intermediate_steps_ : hidden_steps_;
   const float static_scale =
       stage.down ? stage.weights.w2_input_scale : stage.weights.w13_input_scale;
-  const cpu::PanelStack& panels = stage.down ? stage.weights.w2_panels : stage.weights.w13_panels;
+  const PanelWeights& packed = panel_weights(stage.weights);
+  const PanelStack& panels = stage.down ? packed.w2 : packed.w13;
   // The int8 kernel quantises the rows it streams itself, from the values as they are, to the
   // same codes (quantize_int8), so only the GEMM's rows are rounded here.
-  const bool int8 = stream_kind(stage.rows) == Int4Stream::int8;
+  const bool int8 = stream_kind(stage.rows) == Int4Rows::int8;
   const int64_t* offsets = stage.rows.offsets;
   const int64_t* slot_end = offsets + 1;
   for (int64_t r = begin; r < end; ++r) {
@@ -262,15 +246,15 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
 namespace {
 
 // The inputs of one multiply: rows of x (row stride ldx), with their int4 step sums (`steps`
-// per row, 0 for other formats), and how streamed rows meet int4 weights (int4_stream).
+// per row, 0 for other formats), and how streamed rows meet int4 weights (Int4Rows).
 struct Inputs {
   const float* x;
   int64_t ldx;
   const float* sums;
   int64_t steps;
-  Int4Stream stream;
+  Int4Rows stream;
   bool vnni;  // the integer kernels take AVX-512 VNNI's dot products
-  bool bf16;  // GEMM rows take gemm_panels_bf16 (use_bf16_gemm)
+  bool bf16;  // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
 };
 
 // Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
@@ -280,7 +264,7 @@ void quantize_rows(const PanelMatrix& m, const Inputs& in, int64_t r0, int64_t r
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r - r0;
     const float* x = in.x + r * in.ldx;
-    if (in.stream == Int4Stream::int8) {
+    if (in.stream == Int4Rows::int8) {
       quantize_int8(x, m.k, m.group_k, static_cast<int8_t*>(codes.q) + i * m.k,
                     codes.scale + i * steps, codes.sums + i * steps);
     } else {
@@ -303,7 +287,7 @@ void stream_codes(const PanelMatrix& m, int64_t pc, int64_t pe, const Inputs& in
       q.sums[i] = scratch.codes.sums + at * steps;
     }
   };
-  if (in.stream == Int4Stream::int8) {
+  if (in.stream == Int4Rows::int8) {
     Int8Rows q;
     fill(q, static_cast<const int8_t*>(scratch.codes.q));
     stream_panels_int8(m, pc, pe, q, scratch.y, ldy, in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
@@ -322,7 +306,7 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
               int64_t r1, const CallScratch& scratch, Done done) {
   const bool gemm = use_gemm(r1 - r0);
   const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
-  const bool codes = !gemm && in.stream != Int4Stream::f32;
+  const bool codes = !gemm && in.stream != Int4Rows::f32;
   // Once per worker and slot: the rows then meet every panel of the worker's share.
   if (codes) quantize_rows(m, in, r0, r1, scratch.codes);
   for (int64_t pc = p0; pc < p1; pc += chunk) {
@@ -362,11 +346,11 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
 }  // namespace
 
 bool PanelMoe::needs_prepare(const GroupedRows& rows, const QuantParams& q) const {
-  const Int4Stream stream = stream_kind(rows);
+  const Int4Rows stream = stream_kind(rows);
   // int4 step sums serve only the f32 streaming kernel: integer rows carry their own.
-  if (q.weight_dtype == DType::i4 && stream == Int4Stream::f32) return true;
+  if (q.weight_dtype == DType::i4 && stream == Int4Rows::f32) return true;
   if (!q.quantizes_activations()) return false;
-  if (stream != Int4Stream::int8) return true;
+  if (stream != Int4Rows::int8) return true;
   // The int8 kernel quantises the rows it streams itself; only the GEMM's rows need the pass.
   for (int slot = 0; slot < problem_.slots; ++slot) {
     if (use_gemm(rows.offsets[slot + 1] - rows.offsets[slot])) return true;
@@ -378,15 +362,16 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
                        const Worker& w, int part, int parts, int32_t* ready) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
-  const int64_t panels = weights.w13_panels.first.panels();
+  const PanelStack& w13 = panel_weights(weights).w13;
+  const int64_t panels = w13.first.panels();
   const int64_t p0 = panels * part / parts;
   const int64_t p1 = panels * (part + 1) / parts;
   for (int slot = 0; slot < problem_.slots; ++slot) {
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(weights.w13_panels.slot(slot), p0, p1,
-             {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), problem_.avx512_vnni,
+    multiply(w13.slot(slot), p0, p1,
+             {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
               bf16_inputs(rows)},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
@@ -413,7 +398,8 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
                     const Worker& w, int part, int parts, int32_t* ready) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
-  const int64_t panels = weights.w2_panels.first.panels();
+  const PanelStack& w2 = panel_weights(weights).w2;
+  const int64_t panels = w2.first.panels();
   const int64_t p0 = panels * part / parts;
   const int64_t p1 = panels * (part + 1) / parts;
   const int64_t c0 = p0 * kPanelRows;
@@ -430,8 +416,8 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
       const std::atomic_ref<int32_t> done(ready[slot]);
       while (done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
     }
-    multiply(weights.w2_panels.slot(slot), p0, p1,
-             {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), problem_.avx512_vnni,
+    multiply(w2.slot(slot), p0, p1,
+             {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), kernels_.avx512_vnni,
               bf16_inputs(rows)},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {

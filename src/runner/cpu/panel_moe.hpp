@@ -14,8 +14,10 @@
 
 #include "core/thread_pool.hpp"
 #include "runner/cpu/stream.hpp"
-#include "runner/runner_core.hpp"
-#include "runner/scratch.hpp"
+#include "contracts/experts_problem.hpp"
+#include "contracts/weights.hpp"
+#include "moekit/plan.hpp"
+#include "core/scratch.hpp"
 
 namespace moekit::cpu {
 
@@ -30,26 +32,11 @@ inline bool use_gemm(int64_t rows) {
   return rows > kStreamMaxRows;
 }
 
-// How streamed rows meet int4 weights: widened to f32 with the codes (f32); quantised to int16
-// per scale step and multiplied in 16-bit integer dot products (int16, stream_panels_int16); or,
-// where the format quantises activations to int8 (QuantParams::Int4GroupA8), in 8-bit ones
-// (int8, stream_panels_int8). int16 runs at about twice the rate of f32, int8 at about twice
-// int16's (docs/PERFORMANCE.md), which is what lets decode keep up with the memory.
-//
-// int16 carries an error of at most 2^-16 of the step's largest magnitude, far below bf16's or
-// f16's own rounding (2^-9 and 2^-12 of each value), so only activations that came in as bf16 or
-// f16 take it; f32 activations keep f32 arithmetic. int8 computes exactly what the format says,
-// whatever the activations' dtype. Both need K and the groups in whole int4 blocks, and int16
-// groups short enough for exact int32 sums; rows that cannot take them stay on f32.
-enum class Int4Stream { f32, int16, int8 };
-Int4Stream int4_stream(const QuantParams& q, int64_t hidden, int64_t intermediate,
-                       DType activations);
-
-// Whether GEMM rows of bf16 weights take the AVX-512 BF16 GEMM (gemm_panels_bf16), 1.6x the f32
-// FMA GEMM where vdpbf16ps issues at the FMA's rate (Sapphire Rapids), more where it is faster. It
-// rounds the GEMM's inputs to bf16, which is what the model's own bf16 matmuls do to activations
-// that came in as bf16; f16 (finer than bf16) and f32 activations keep the f32 GEMM.
-bool use_bf16_gemm(const QuantParams& q, DType activations, bool avx512_bf16);
+// How streamed rows meet int4 weights (Int4Rows) and whether GEMM rows of bf16 weights take the
+// AVX-512 BF16 GEMM are the plan's (CpuKernels, decided by choose_cpu_kernels in
+// kernel_choice.cpp); the activations' dtype of each call selects among them. int16 runs at about
+// twice the rate of f32, int8 at about twice int16's (docs/PERFORMANCE.md), which is what lets
+// decode keep up with the memory.
 
 // One batch of rows grouped by slot. Row r belongs to the slot s with offsets[s] <= r <
 // offsets[s + 1]; its result is multiplied by weight[r] and added to row out_row[r] of `out`.
@@ -68,7 +55,8 @@ struct GroupedRows {
 
 class PanelMoe {
  public:
-  explicit PanelMoe(const ExpertsProblem& problem);
+  // int4: how this computation's streamed rows meet int4 weights (routed or shared experts).
+  PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels, Int4RowsByActivations int4);
 
   int64_t scratch_bytes() const { return shared_bytes_ + worker_bytes_ * problem_.threads; }
   void run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
@@ -97,11 +85,13 @@ class PanelMoe {
 
   // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
   int64_t tile_columns() const;
-  Int4Stream stream_kind(const GroupedRows& rows) const;
+  Int4Rows stream_kind(const GroupedRows& rows) const;
   bool bf16_inputs(const GroupedRows& rows) const;
   CallScratch call_scratch(const Worker& w) const;
 
   ExpertsProblem problem_;
+  CpuKernels kernels_;
+  Int4RowsByActivations int4_;
   int64_t hidden_steps_ = 0;        // int4: scale steps along H (GEMM1's K)
   int64_t intermediate_steps_ = 0;  // and along I (GEMM2's K)
   int64_t shared_bytes_ = 0;

@@ -149,4 +149,23 @@ float panel_value(const PanelMatrix& w, int64_t n, int64_t k) {
   }
 }
 
+PanelPacker::PanelPacker(const QuantParams& q, int slots, int64_t hidden, int64_t intermediate)
+    : q_(q),
+      w13_(q, PanelOrder::gate_up_interleaved, slots, 2 * intermediate, hidden),
+      w2_(q, PanelOrder::rows, slots, hidden, intermediate) {
+  weights_.w13 = w13_.stack();
+  weights_.w2 = w2_.stack();
+}
+
+void PanelPacker::pack(int slot, const StoredMatrices& w13, const StoredMatrices& w2) {
+  w13_.pack(q_, w13, 0, slot);
+  w2_.pack(q_, w2, 0, slot);
+}
+
+const PanelWeights& panel_weights(const CoreWeights& weights) {
+  const auto* panels = dynamic_cast<const PanelWeights*>(weights.packed);
+  if (panels == nullptr) fail(Errc::internal, "the cpu panel kernels got no panel16 weights");
+  return *panels;
+}
+
 }  // namespace moekit::cpu

@@ -38,13 +38,10 @@
 
 #include <cstdint>
 
+#include "contracts/weights.hpp"
 #include "moekit/dtype.hpp"
 #include "moekit/quant.hpp"
 #include "moekit/tensor.hpp"
-
-namespace moekit {
-struct StoredMatrices;
-}
 
 namespace moekit::cpu {
 
@@ -134,6 +131,30 @@ class PanelBuffer {
   Buffer data_;
   Buffer scales_;  // the scale array, then the offset array where there is one
 };
+
+// The cpu runner's own layout of a layer's experts (CoreWeights::packed): w13 gate/up
+// interleaved, w2 in rows.
+struct PanelWeights final : PackedWeights {
+  PanelStack w13;
+  PanelStack w2;
+};
+
+// The cpu runner's WeightPacker: packs each expert into panel16 as the quant method loads it.
+class PanelPacker final : public WeightPacker {
+ public:
+  PanelPacker(const QuantParams& q, int slots, int64_t hidden, int64_t intermediate);
+  void pack(int slot, const StoredMatrices& w13, const StoredMatrices& w2) override;
+  const PackedWeights& packed() const override { return weights_; }
+
+ private:
+  QuantParams q_;
+  PanelBuffer w13_;
+  PanelBuffer w2_;
+  PanelWeights weights_;
+};
+
+// The panels of weights a PanelPacker filled.
+const PanelWeights& panel_weights(const CoreWeights& weights);
 
 // The canonical row that packed row n holds, or -1 for a zero row past the matrix.
 int64_t canonical_row(PanelOrder order, int64_t canonical_rows, int64_t n);

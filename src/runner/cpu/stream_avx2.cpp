@@ -8,7 +8,6 @@
 #include <limits>
 
 #include "moekit/error.hpp"
-#include "moekit/platform.hpp"
 #include "quant/activation_quant.hpp"
 #include "runner/cpu/int4_avx2.hpp"
 #include "runner/cpu/stream.hpp"
@@ -283,10 +282,9 @@ void step_sums(const float* x, int64_t k, int64_t group_k, float* sums) {
 namespace {
 
 // The integer streaming kernels' arguments: int4 weights in whole blocks per scale step of at
-// most `longest`, 1 to kStreamRows rows, and, for VNNI, a CPU that has it (without the
-// instructions the kernel would die on SIGILL; an error names the caller's bug).
-void check_integer_stream(const char* kernel, const PanelMatrix& w, int rows, int64_t longest,
-                          bool vnni) {
+// most `longest`, 1 to kStreamRows rows. Whether the CPU has the instructions is the plan's
+// (CpuKernels); MoeLayer refuses a plan made for a CPU with more than this one.
+void check_integer_stream(const char* kernel, const PanelMatrix& w, int rows, int64_t longest) {
   if (w.dtype != DType::i4 || w.k % kInt4BlockK != 0 || w.group_k % kInt4BlockK != 0 ||
       w.group_k > longest) {
     fail(Errc::internal,
@@ -297,8 +295,6 @@ void check_integer_stream(const char* kernel, const PanelMatrix& w, int rows, in
   if (rows < 1 || rows > kStreamRows) {
     fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows);
   }
-  static const bool cpu_has_vnni = Platform::probe().avx512_vnni;
-  if (vnni && !cpu_has_vnni) fail(Errc::internal, "{}: this CPU has no AVX-512 VNNI", kernel);
 }
 
 // The largest magnitude of x [k0, k1), and whether all of it is finite.
@@ -348,14 +344,14 @@ inline float int8_scale(float amax) {
 
 void stream_panels_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
                          const Int16Rows& rows, float* y, int64_t ldy, Int16Dot dot) {
-  check_integer_stream("stream_panels_int16", w, rows.m, kInt16MaxStep, dot == Int16Dot::vnni);
+  check_integer_stream("stream_panels_int16", w, rows.m, kInt16MaxStep);
   if (dot == Int16Dot::pmaddwd) return stream_int16<MaddDot>(w, p_begin, p_end, rows, y, ldy);
   stream_panels_int16_vnni(w, p_begin, p_end, rows, y, ldy);
 }
 
 void stream_panels_int8(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int8Rows& rows,
                         float* y, int64_t ldy, Int8Dot dot) {
-  check_integer_stream("stream_panels_int8", w, rows.m, kInt8MaxStep, dot == Int8Dot::vnni);
+  check_integer_stream("stream_panels_int8", w, rows.m, kInt8MaxStep);
   if (dot == Int8Dot::maddubs) return stream_int8<MaddubsDot>(w, p_begin, p_end, rows, y, ldy);
   stream_panels_int8_vnni(w, p_begin, p_end, rows, y, ldy);
 }

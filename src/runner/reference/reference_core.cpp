@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "runner/scratch.hpp"
+#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -28,13 +30,13 @@ class ReferenceCore final : public RunnerCore {
 
   int64_t scratch_bytes() const override { return worker_bytes_ * p_.threads; }
 
-  void run(RunnerBatch& batch, const CoreWeights& weights, void* scratch,
-           ThreadPool& pool) const override {
+  void run(const ExecContext& ctx, RunnerBatch& batch, const CoreWeights& weights,
+           void* scratch) const override {
     const DispatchOutput& in = *batch.standard;
-    pool.parallel_chunks(in.tokens, [&](int64_t begin, int64_t end, int worker) {
+    ctx.threads().parallel_chunks(in.tokens, [&](int64_t begin, int64_t end, int worker) {
       ScratchCarver carver(worker_scratch(scratch, worker_bytes_, worker));
       const Buffers buffers = carve(carver);
-      for (int64_t t = begin; t < end; ++t) run_token(in, t, weights, buffers, batch.combined);
+      for (int64_t t = begin; t < end; ++t) run_token(in, t, weights, buffers, in.sum);
     });
   }
 
@@ -105,7 +107,12 @@ Capability reference_supports(const Deployment& deployment) {
   return Capability::Yes("plain loops with float64 accumulation: the oracle");
 }
 
-std::unique_ptr<RunnerCore> make_reference_core(const ExpertsProblem& problem) {
+Capability reference_reads(const QuantParams& quant) {
+  return Capability::Yes(fmt::format("reads {} as the format defines its values, in float64",
+                                     quant.name()));
+}
+
+std::unique_ptr<RunnerCore> make_reference_core(const Plan&, const ExpertsProblem& problem) {
   return std::make_unique<ReferenceCore>(problem);
 }
 

@@ -1,0 +1,20 @@
+#include "dispatch/dispatcher.hpp"
+
+namespace moekit {
+
+const std::vector<DispatcherEntry>& dispatcher_table() {
+  static const std::vector<DispatcherEntry> table = {
+      {A2AKind::none, DispatcherKind::standard, DispatchFormat::standard, standard_supports,
+       standard_max_received_tokens, make_standard_dispatcher},
+  };
+  return table;
+}
+
+const DispatcherEntry* find_dispatcher(A2AKind a2a) {
+  for (const DispatcherEntry& entry : dispatcher_table()) {
+    if (entry.a2a == a2a) return &entry;
+  }
+  return nullptr;
+}
+
+}  // namespace moekit

@@ -1,0 +1,33 @@
+#pragma once
+// The one function that decides the cpu runner's kernels (CpuKernels in moekit/plan.hpp).
+// resolve() calls it once and records the result; the cpu core, its fused op and the bench read
+// the plan, never the machine.
+
+#include "contracts/experts_problem.hpp"
+#include "moekit/plan.hpp"
+
+namespace moekit::cpu {
+
+// Decides the kernels of a layer of `spec` in format q on `platform`:
+// - the base set: the AVX2+FMA+F16C panel16 kernels where the CPU has all three, else the
+//   portable row-at-a-time code on the canonical layout;
+// - bf16 GEMM rows: bf16 weights against bf16 activations take the AVX-512 BF16 GEMM
+//   (gemm_panels_bf16), which rounds the GEMM's inputs to bf16 as the model's own bf16 matmuls
+//   do; f16 (finer than bf16) and f32 activations keep the f32 GEMM;
+// - streamed int4 rows (few rows per expert): int8 where the format quantises activations to
+//   int8; int16 for activations that came in as bf16 or f16 (an error of at most 2^-16 of a
+//   step's largest value, far below those dtypes' own rounding); f32 otherwise, and wherever a
+//   K or group of the layer is not in whole int4 blocks or is too long for exact integer sums;
+// - the integer kernels' dot products: AVX-512 VNNI where the CPU has it.
+CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
+                              const QuantParams& q);
+
+// The reason for a choice, for the plan's decision.
+std::string describe(const CpuKernels& kernels);
+
+// The plan's choice, for the runner parts built from it (an internal error without one).
+const CpuKernels& planned_kernels(const Plan& plan);
+// How one experts computation's streamed rows meet int4 weights: routed or shared experts.
+Int4RowsByActivations int4_rows(const ExpertsProblem& problem, const CpuKernels& kernels);
+
+}  // namespace moekit::cpu
