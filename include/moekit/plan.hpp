@@ -56,8 +56,8 @@ struct Int4RowsByActivations {
 };
 struct CpuKernels {
   CpuKernelSet set = CpuKernelSet::portable;
-  bool avx512_vnni = false;  // the integer streaming kernels use vpdpwssd / vpdpbusd
-  bool bf16_gemm = false;    // GEMM rows of bf16 weights x bf16 activations: AVX-512 BF16
+  bool avx512_vnni = false;           // the integer streaming kernels use vpdpwssd / vpdpbusd
+  bool bf16_gemm = false;             // GEMM rows of bf16 weights x bf16 activations: AVX-512 BF16
   Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)
   Int4RowsByActivations shared_int4;  // shared experts computed apart (their I may differ)
   std::string name;
@@ -84,7 +84,7 @@ struct Plan {
   std::optional<std::string> fused_op;  // the fused op that replaces permutes and core, if any
   RunnerFormat core_format = RunnerFormat::standard;
   std::optional<CpuKernels> cpu_kernels;  // runner cpu only
-  std::string stages;                      // the block stages of the plan's device: "cpu"
+  std::string stages;                     // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
   int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute
   int threads = 1;

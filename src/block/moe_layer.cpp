@@ -196,8 +196,7 @@ class MoeLayer::Impl {
   // Global physical ids of this rank's experts map to slots 0..local-1; fused shared slots have
   // global ids after the physical experts and live on every rank.
   static std::vector<int32_t> routed_global_to_local(const Plan& plan) {
-    std::vector<int32_t> table(static_cast<size_t>(plan.location.physical + plan.shared_slots),
-                               -1);
+    std::vector<int32_t> table(static_cast<size_t>(plan.location.physical + plan.shared_slots), -1);
     for (int slot = 0; slot < plan.local_routed; ++slot) table[plan.first_local + slot] = slot;
     for (int s = 0; s < plan.shared_slots; ++s)
       table[plan.location.physical + s] = plan.local_routed + s;

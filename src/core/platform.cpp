@@ -83,7 +83,8 @@ std::optional<std::string> Platform::missing_on(const Platform& actual) const {
       {&Platform::avx512_vnni, "AVX-512 VNNI"}};
   std::string missing;
   for (const auto& [feature, name] : features) {
-    if (this->*feature && !(actual.*feature)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    if (this->*feature && !(actual.*feature))
+      missing += (missing.empty() ? "" : ", ") + std::string(name);
   }
   if (missing.empty()) return std::nullopt;
   return missing;

@@ -20,9 +20,9 @@ namespace moekit {
 // What a dispatcher is sized for, fixed when the layer is built.
 struct DispatcherProblem {
   int64_t hidden = 0;
-  int columns = 0;                 // entries per token (top-k, plus fused shared slots)
-  int64_t max_tokens = 0;          // this rank's largest batch
-  int64_t max_received_tokens = 0;  // the most tokens whose rows this rank computes per batch
+  int columns = 0;                       // entries per token (top-k, plus fused shared slots)
+  int64_t max_tokens = 0;                // this rank's largest batch
+  int64_t max_received_tokens = 0;       // the most tokens whose rows this rank computes per batch
   std::vector<int32_t> global_to_local;  // local slot of each global physical id, or -1
   Device device = Device::cpu();
 };
@@ -35,8 +35,8 @@ class Dispatcher {
   // combine() leaves the weighted sum in token order; a dispatcher whose rows stay here lets the
   // runner write it there directly.
   virtual DispatchOutput dispatch(const ExecContext& ctx, const TensorView& hidden,
-                                  const int32_t* global_ids, const float* weights,
-                                  float* combined, void* scratch) = 0;
+                                  const int32_t* global_ids, const float* weights, float* combined,
+                                  void* scratch) = 0;
   virtual void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
                        void* scratch) = 0;
 };

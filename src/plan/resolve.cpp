@@ -299,9 +299,10 @@ void decide_dispatcher(Plan& plan) {
   }
   const DispatcherEntry* entry = find_dispatcher(options.a2a);
   if (entry == nullptr) {
-    refuse(axes,
-           fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
-           join(legal));
+    refuse(
+        axes,
+        fmt::format("no {} dispatcher is built in this version of moekit", a2a_name(options.a2a)),
+        join(legal));
   }
   const Capability c = entry->supports(deployment);
   if (!c.ok) refuse(axes, c.reason, join(legal));
@@ -310,13 +311,11 @@ void decide_dispatcher(Plan& plan) {
   plan.max_received_tokens = entry->max_received_tokens(options);
   std::vector<Rejected> rejected;
   for (A2AKind a2a : kAllA2A) {
-    if (find_dispatcher(a2a) == nullptr) rejected.push_back({std::string(a2a_name(a2a)), "not built"});
+    if (find_dispatcher(a2a) == nullptr)
+      rejected.push_back({std::string(a2a_name(a2a)), "not built"});
   }
-  plan.decisions.push_back({PlanLayer::dispatcher,
-                            "dispatcher",
-                            std::string(dispatcher_name(plan.dispatcher)),
-                            c.reason,
-                            rejected,
+  plan.decisions.push_back({PlanLayer::dispatcher, "dispatcher",
+                            std::string(dispatcher_name(plan.dispatcher)), c.reason, rejected,
                             std::nullopt});
 }
 
@@ -328,13 +327,13 @@ void decide_stages(Plan& plan) {
            "no block stages (checks, router, output) are built for this device", "device=cpu");
   }
   plan.stages = std::string(stages->name);
-  plan.decisions.push_back({PlanLayer::block,
-                            "stages",
-                            plan.stages,
-                            fmt::format("checks, router and output sum run on {}",
-                                        plan.options.device.str()),
-                            {},
-                            std::nullopt});
+  plan.decisions.push_back(
+      {PlanLayer::block,
+       "stages",
+       plan.stages,
+       fmt::format("checks, router and output sum run on {}", plan.options.device.str()),
+       {},
+       std::nullopt});
   if (!plan.adds_shared_output) return;
   plan.shared_strategy =
       plan.form == BlockForm::overlapped ? SharedStrategy::overlapped : SharedStrategy::after;
@@ -382,8 +381,7 @@ void decide_runner_pipeline(Plan& plan) {
   const PostPermuteEntry* post = find_post_permute(plan.core_format, plan.dispatch_format);
   if (pre == nullptr || post == nullptr) {
     fail(Errc::internal, "no permute between dispatch format {} and core format {}",
-         dispatch_format_name(plan.dispatch_format),
-         runner_format_name(plan.core_format));
+         dispatch_format_name(plan.dispatch_format), runner_format_name(plan.core_format));
   }
   plan.decisions.push_back({PlanLayer::runner,
                             "core",

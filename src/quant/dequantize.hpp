@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "moekit/dtype.hpp"
 #include "contracts/weights.hpp"
+#include "moekit/dtype.hpp"
 
 namespace moekit {
 

@@ -40,8 +40,8 @@ std::vector<std::string> fp8_block_problems(const QuantParams& params) {
 
 std::string fp8_block_describe(const QuantParams& params) {
   return fmt::format("e4m3 weights, f32 scale per {} x {} block, activations {} of {} columns",
-                     params.block_rows, params.block_cols,
-                     activation_quant_name(params.activation), params.activation_group);
+                     params.block_rows, params.block_cols, activation_quant_name(params.activation),
+                     params.activation_group);
 }
 
 Capability fp8_block_supports_spec(const ModelSpec&, const QuantParams&) {

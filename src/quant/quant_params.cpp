@@ -78,8 +78,8 @@ std::vector<std::string> QuantParams::problems() const {
   }
   const QuantEntry* entry = find_quant(format);
   if (entry == nullptr) {
-    found.push_back(fmt::format("no quant method for weight format {} is built",
-                                weight_format_name(format)));
+    found.push_back(
+        fmt::format("no quant method for weight format {} is built", weight_format_name(format)));
     return found;
   }
   for (std::string& problem : entry->problems(*this)) found.push_back(std::move(problem));

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {

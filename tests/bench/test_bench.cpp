@@ -60,9 +60,9 @@ TEST(RunCase, TimesEveryFormatAndBatchAndMatchesTheReference) {
     EXPECT_LE(r.timing.median_s, r.timing.max_s);
     EXPECT_GE(r.distinct_experts, 2);
     EXPECT_LE(r.distinct_experts, std::min<int64_t>(8, 2 * r.tokens));
-    EXPECT_EQ(
-        r.roofline.bytes,
-        Roofline::Of(c.spec, r.format, r.tokens, r.distinct_experts, DType::bf16, kCeilings, false).bytes);
+    EXPECT_EQ(r.roofline.bytes, Roofline::Of(c.spec, r.format, r.tokens, r.distinct_experts,
+                                             DType::bf16, kCeilings, false)
+                                    .bytes);
   }
 }
 

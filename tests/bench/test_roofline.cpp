@@ -118,7 +118,8 @@ TEST(Roofline, CountsSixFlopsPerWeightPerRoutedToken) {
   const BenchCase c =
       BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
   const Ceilings ceilings = Ceilings::Known(2, SimdIsa::avx2_fma, 34.5e9, 204e9);
-  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings, false);
+  const Roofline r =
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings, false);
   EXPECT_DOUBLE_EQ(r.flops, 6.0 * 512 * 8 * 2048 * 768);
 }
 

@@ -86,7 +86,8 @@ TEST_P(PanelPacking, HoldsExactlyTheCanonicalValues) {
     }
     return mismatches;
   };
-  EXPECT_EQ(check(canonical.w13, cpu::panel_weights(packed).w13, cpu::PanelOrder::gate_up_interleaved, 2 * I, H),
+  EXPECT_EQ(check(canonical.w13, cpu::panel_weights(packed).w13,
+                  cpu::PanelOrder::gate_up_interleaved, 2 * I, H),
             0);
   EXPECT_EQ(check(canonical.w2, cpu::panel_weights(packed).w2, cpu::PanelOrder::rows, H, I), 0);
 }
@@ -131,7 +132,8 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
   const auto& [format, shape] = GetParam();
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
+  for (const PanelMatrix& m :
+       {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<float> sums(cpu::kStreamRows * std::max<int64_t>(1, m.scale_steps()));
     for (int r = 0; r < cpu::kStreamRows && m.dtype == DType::i4; ++r) {
@@ -179,7 +181,8 @@ TEST_P(Int16StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
             Int4Rows::int16);
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
+  for (const PanelMatrix& m :
+       {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const int64_t steps = m.scale_steps();
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<int16_t> q(x.size());
@@ -243,11 +246,11 @@ TEST_P(Int8StreamingKernel, MatchesADoubleLoopOverTheDequantisedRows) {
   const auto& [format, shape] = GetParam();
   const QuantParams a8 = QuantParams::Int4GroupA8(
       format.params.block_cols, format.params.scale_dtype, format.params.zero_points);
-  ASSERT_EQ(planned_kernels(a8, shape.hidden, shape.intermediate).routed_int4.f32,
-            Int4Rows::int8);
+  ASSERT_EQ(planned_kernels(a8, shape.hidden, shape.intermediate).routed_int4.f32, Int4Rows::int8);
   const TwoLayouts w(a8, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
-  for (const PanelMatrix& m : {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
+  for (const PanelMatrix& m :
+       {cpu::panel_weights(packed).w13.slot(0), cpu::panel_weights(packed).w2.slot(0)}) {
     const int64_t steps = m.scale_steps();
     const std::vector<float> x = random_rows(cpu::kStreamRows, m.k, 11);
     std::vector<int8_t> q(x.size());
@@ -488,7 +491,8 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
 
   std::vector<double> want(tokens * H, 0.0), bound(tokens * H, 0.0);
   for (int slot = 0; slot < slots; ++slot) {
-    const PanelMatrix w13 = cpu::panel_weights(packed).w13.slot(slot), w2 = cpu::panel_weights(packed).w2.slot(slot);
+    const PanelMatrix w13 = cpu::panel_weights(packed).w13.slot(slot),
+                      w2 = cpu::panel_weights(packed).w2.slot(slot);
     for (int64_t r = offsets[slot]; r < offsets[slot + 1]; ++r) {
       std::vector<float> act(I);
       double act_bound = 0.0;

@@ -66,9 +66,9 @@ class CpuRouterStage final : public RouterStage {
   Arrays carve(ScratchCarver& carver) const {
     const int64_t T = plan_.options.max_tokens, H = plan_.spec.hidden;
     const bool gate = plan_.spec.shared_gate;
-    return {carver.take<int32_t>(T * top_k_),    carver.take<float>(T * top_k_),
-            carver.take<int32_t>(T * columns_),  carver.take<float>(T * columns_),
-            carver.take<float>(gate ? T : 0),    carver.take<float>(gate ? threads_ * H : 0)};
+    return {carver.take<int32_t>(T * top_k_),   carver.take<float>(T * top_k_),
+            carver.take<int32_t>(T * columns_), carver.take<float>(T * columns_),
+            carver.take<float>(gate ? T : 0),   carver.take<float>(gate ? threads_ * H : 0)};
   }
 
   void load_correction_bias(const TensorView& bias) {

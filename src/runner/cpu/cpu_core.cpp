@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
 #include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
@@ -17,7 +18,6 @@
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {

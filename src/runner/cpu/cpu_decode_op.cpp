@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
@@ -17,7 +18,6 @@
 #include "runner/cpu/panel_moe.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -132,7 +132,7 @@ class PanelFusedOp final : public FusedOp {
         kernels::activation_row(input.hidden, own.out_row[r], own.x + r * width);
       }
     });
-    const cpu::GroupedRows grouped{own.x,      n_rows,   own.offsets,  own.out_row,
+    const cpu::GroupedRows grouped{own.x,      n_rows,    own.offsets,  own.out_row,
                                    own.weight, input.sum, input.tokens, input.hidden.dtype};
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
   }

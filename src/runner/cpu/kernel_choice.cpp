@@ -74,7 +74,8 @@ std::string describe(const CpuKernels& k) {
 }
 
 const CpuKernels& planned_kernels(const Plan& plan) {
-  if (!plan.cpu_kernels) fail(Errc::internal, "a cpu runner part built from a plan without kernels");
+  if (!plan.cpu_kernels)
+    fail(Errc::internal, "a cpu runner part built from a plan without kernels");
   return *plan.cpu_kernels;
 }
 

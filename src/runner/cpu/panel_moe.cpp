@@ -120,7 +120,7 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
     const int64_t steps = std::max(hidden_steps_, intermediate_steps_);
     const int64_t values = kStreamMaxRows * widest;
     void* q = stream == Int4Rows::int8 ? static_cast<void*>(carver.take<int8_t>(values))
-                                         : static_cast<void*>(carver.take<int16_t>(values));
+                                       : static_cast<void*>(carver.take<int16_t>(values));
     w.codes = {q, carver.take<float>(kStreamMaxRows * steps),
                carver.take<float>(kStreamMaxRows * steps)};
   }

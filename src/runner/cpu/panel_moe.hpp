@@ -12,12 +12,12 @@
 
 #include <cstdint>
 
-#include "core/thread_pool.hpp"
-#include "runner/cpu/stream.hpp"
 #include "contracts/experts_problem.hpp"
 #include "contracts/weights.hpp"
-#include "moekit/plan.hpp"
 #include "core/scratch.hpp"
+#include "core/thread_pool.hpp"
+#include "moekit/plan.hpp"
+#include "runner/cpu/stream.hpp"
 
 namespace moekit::cpu {
 

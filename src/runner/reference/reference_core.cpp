@@ -8,12 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
 #include "quant/activation_quant.hpp"
 #include "quant/dequantize.hpp"
 #include "runner/kernels.hpp"
 #include "runner/registry.hpp"
-#include "core/scratch.hpp"
 
 namespace moekit {
 namespace {
@@ -108,8 +108,8 @@ Capability reference_supports(const Deployment& deployment) {
 }
 
 Capability reference_reads(const QuantParams& quant) {
-  return Capability::Yes(fmt::format("reads {} as the format defines its values, in float64",
-                                     quant.name()));
+  return Capability::Yes(
+      fmt::format("reads {} as the format defines its values, in float64", quant.name()));
 }
 
 std::unique_ptr<RunnerCore> make_reference_core(const Plan&, const ExpertsProblem& problem) {
