@@ -21,6 +21,8 @@ QuantParams QuantParams::Fp8Block(int64_t block) {
   return params;
 }
 
+namespace {
+
 std::vector<std::string> fp8_block_problems(const QuantParams& params) {
   std::vector<std::string> found;
   if (params.weight_dtype != DType::f8e4m3 || params.scale_dtype != DType::f32 ||
@@ -46,6 +48,16 @@ std::string fp8_block_describe(const QuantParams& params) {
 
 Capability fp8_block_supports_spec(const ModelSpec&, const QuantParams&) {
   return Capability::Yes("any shape: edge blocks may be partial");
+}
+
+}  // namespace
+
+QuantEntry fp8_block_entry() {
+  return {WeightFormat::fp8_block,
+          fp8_block_problems,
+          fp8_block_describe,
+          fp8_block_supports_spec,
+          {"weight", "weight_scale_inv", nullptr}};
 }
 
 }  // namespace moekit

@@ -20,6 +20,8 @@ QuantParams QuantParams::Fp8Tensor(Fp8Scaling scaling, Fp8Activations activation
   return params;
 }
 
+namespace {
+
 std::vector<std::string> fp8_tensor_problems(const QuantParams& params) {
   std::vector<std::string> found;
   if (params.weight_dtype != DType::f8e4m3 || params.scale_dtype != DType::f32 ||
@@ -45,6 +47,16 @@ std::string fp8_tensor_describe(const QuantParams& params) {
 
 Capability fp8_tensor_supports_spec(const ModelSpec&, const QuantParams&) {
   return Capability::Yes("any shape");
+}
+
+}  // namespace
+
+QuantEntry fp8_tensor_entry() {
+  return {WeightFormat::fp8_tensor,
+          fp8_tensor_problems,
+          fp8_tensor_describe,
+          fp8_tensor_supports_spec,
+          {"weight", "weight_scale", nullptr}};
 }
 
 }  // namespace moekit

@@ -29,6 +29,8 @@ QuantParams QuantParams::Int4GroupA8(int64_t group, DType scale_dtype, bool zero
   return params;
 }
 
+namespace {
+
 std::vector<std::string> int4_group_problems(const QuantParams& params) {
   std::vector<std::string> found;
   if (params.weight_dtype != DType::i4) found.emplace_back("int4-group stores i4 weights");
@@ -72,6 +74,16 @@ Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams&) {
     }
   }
   return Capability::Yes("every K (hidden, intermediate) is even, so rows pack into whole bytes");
+}
+
+}  // namespace
+
+QuantEntry int4_group_entry() {
+  return {WeightFormat::int4_group,
+          int4_group_problems,
+          int4_group_describe,
+          int4_group_supports_spec,
+          {"qweight", "scales", "qzeros"}};
 }
 
 }  // namespace moekit

@@ -92,18 +92,10 @@ class QuantMethod {
   CoreWeights weights_;
 };
 
-// The formats' own rules, one group per file in this folder.
-std::vector<std::string> unquantized_problems(const QuantParams& params);
-std::string unquantized_describe(const QuantParams& params);
-Capability unquantized_supports_spec(const ModelSpec& spec, const QuantParams& params);
-std::vector<std::string> fp8_tensor_problems(const QuantParams& params);
-std::string fp8_tensor_describe(const QuantParams& params);
-Capability fp8_tensor_supports_spec(const ModelSpec& spec, const QuantParams& params);
-std::vector<std::string> fp8_block_problems(const QuantParams& params);
-std::string fp8_block_describe(const QuantParams& params);
-Capability fp8_block_supports_spec(const ModelSpec& spec, const QuantParams& params);
-std::vector<std::string> int4_group_problems(const QuantParams& params);
-std::string int4_group_describe(const QuantParams& params);
-Capability int4_group_supports_spec(const ModelSpec& spec, const QuantParams& params);
+// Each format's row of the quant table, from its own file in this folder.
+QuantEntry unquantized_entry(WeightFormat format);  // f32, f16, bf16
+QuantEntry fp8_tensor_entry();
+QuantEntry fp8_block_entry();
+QuantEntry int4_group_entry();
 
 }  // namespace moekit

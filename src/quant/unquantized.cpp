@@ -28,6 +28,8 @@ QuantParams QuantParams::Unquantized(WeightFormat format) {
   return params;
 }
 
+namespace {
+
 std::vector<std::string> unquantized_problems(const QuantParams& params) {
   if (params == QuantParams::Unquantized(params.format)) return {};
   return {fmt::format("{} weights take no scales and no activation quantisation",
@@ -40,6 +42,16 @@ std::string unquantized_describe(const QuantParams& params) {
 
 Capability unquantized_supports_spec(const ModelSpec&, const QuantParams&) {
   return Capability::Yes("any shape");
+}
+
+}  // namespace
+
+QuantEntry unquantized_entry(WeightFormat format) {
+  return {format,
+          unquantized_problems,
+          unquantized_describe,
+          unquantized_supports_spec,
+          {"weight", nullptr, nullptr}};
 }
 
 }  // namespace moekit
