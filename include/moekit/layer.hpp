@@ -76,8 +76,20 @@ class MoeLayer {
   // hidden: [T, H] f32/bf16/f16; router_logits: [T, E] f32/bf16/f16; output: [T, H], hidden's
   // dtype. T may be 0 (nothing is done) and at most plan.options.max_tokens. Under expert
   // parallelism the output is this rank's partial sum; the ranks' outputs add to the layer's.
+  // On a GPU this forward waits for its work and throws what the device's finite checks found.
   void forward(const TensorView& hidden, const TensorView& router_logits, const TensorView& output,
                const RoutingResult* routing = nullptr);
+  // On a GPU: enqueues the whole layer on `stream` (cudaStream_t; nullptr: the default stream)
+  // and returns without waiting; nothing is allocated and the host never waits, so the call can
+  // be captured in a CUDA graph. The inputs must stay valid until the stream has run it. A NaN or
+  // Inf in the inputs is found on the device and reported by the next synchronize(). On the CPU
+  // it is the forward above (the stream is not used).
+  void forward(const TensorView& hidden, const TensorView& router_logits, const TensorView& output,
+               const RoutingResult* routing, CUstream_st* stream);
+  // Waits for the work the last stream-ordered forward enqueued, and throws invalid_argument,
+  // naming the tensor, row and column, for a non-finite input any forward since the last
+  // synchronize() was given.
+  void synchronize();
 
   const Plan& plan() const;
 

@@ -30,6 +30,28 @@ struct Decision {
   std::optional<std::string> fallback;  // set when the choice is not what the options asked for
 };
 
+// The cuda runner's expert GEMMs, chosen once by resolve (choose_cuda_kernels, in
+// src/runner/cuda/kernel_choice.cpp, the one function that decides them) for every batch size up
+// to max_tokens, kept as runs of batch sizes with the same choice; forward() takes the run its T
+// falls in.
+enum class CudaGemmKernel : uint8_t { decode, prefill };
+struct CudaGemmChoice {
+  int64_t up_to_tokens = 0;  // this choice serves batches of (previous run's, up_to_tokens]
+  CudaGemmKernel kernel = CudaGemmKernel::decode;
+  int token_tile = 8;    // rows of one expert per CTA
+  int gemm1_slices = 1;  // decode: weight-row slices each CTA takes, GEMM1 and GEMM2
+  int gemm2_slices = 1;
+};
+struct CudaKernels {
+  std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)
+  std::vector<CudaGemmChoice> shared;  // shared experts computed apart
+  int device_index = 0;
+  int sm_count = 0;
+  // The run of `runs` that batches of `tokens` fall in.
+  static const CudaGemmChoice& for_tokens(const std::vector<CudaGemmChoice>& runs,
+                                          int64_t tokens);
+};
+
 // How the shared experts run, when the block form computes them apart from the routed ones.
 enum class SharedStrategy { none, after, overlapped };
 
@@ -83,7 +105,8 @@ struct Plan {
   RunnerKind runner = RunnerKind::cpu;  // never auto_ once resolved
   std::optional<std::string> fused_op;  // the fused op that replaces permutes and core, if any
   RunnerFormat core_format = RunnerFormat::standard;
-  std::optional<CpuKernels> cpu_kernels;  // runner cpu only
+  std::optional<CpuKernels> cpu_kernels;    // runner cpu only
+  std::optional<CudaKernels> cuda_kernels;  // runner cuda only
   std::string stages;                     // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
   int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute

@@ -11,6 +11,9 @@
 
 #include "moekit/dtype.hpp"
 
+// CUDA's stream (cudaStream_t is CUstream_st*), declared so that this header needs no CUDA header.
+struct CUstream_st;
+
 namespace moekit {
 
 enum class DeviceKind : uint8_t { cpu, cuda };
@@ -112,7 +115,12 @@ class Tensor {
 };
 
 // Copies src into dst: the same dtype and shape, both contiguous, each on the CPU or a GPU.
-// Returns when the copy is done. Throws invalid_argument naming what does not match.
+// Returns when the copy is complete. Throws invalid_argument naming the mismatch.
 void copy(const TensorView& dst, const TensorView& src);
+// Enqueues the same copy on `stream` (nullptr: the default stream) and returns; the caller
+// keeps both tensors alive until the stream reaches it. A copy to or from pageable host memory
+// may complete before it returns, as cudaMemcpyAsync does; a copy between host tensors is done
+// at once.
+void copy_async(const TensorView& dst, const TensorView& src, CUstream_st* stream);
 
 }  // namespace moekit

@@ -134,17 +134,23 @@ class MoeLayer::Impl {
   }
 
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& output,
-               const RoutingResult* routing) {
+               const RoutingResult* routing, GpuStream stream) {
     check_forward_arguments(plan_, hidden, logits, output, routing);
     if (hidden.dim(0) == 0) return;
+    ctx_.stream = stream;
     ctx_.pool->wake();  // the workers wake up while this thread checks and routes
     if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
     const Routing routed = router_->run(ctx_, hidden, logits, arrays_.router);
-    if (shared_) shared_->start(ctx_, hidden, routed);
+    if (shared_) shared_->start(ctx_, hidden);
     routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
     const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
-    output_->run(ctx_, arrays_.routed, shared_out, output);
+    output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
     if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);
+  }
+
+  void synchronize() {
+    if (plan_.options.device.kind == DeviceKind::cuda) synchronize_stream(ctx_.stream);
+    if (checks_) checks_->report();
   }
 
   const Plan& plan() const { return plan_; }
@@ -260,9 +266,16 @@ class MoeLayer::Impl {
   }
 
   void report_routing(const Routing& routed, int64_t T, const RoutingResult& routing) const {
-    const int64_t entries = T * plan_.spec.routing.top_k;
-    std::copy_n(routed.logical_ids, entries, routing.ids.as<int32_t>());
-    std::copy_n(routed.logical_weights, entries, routing.weights.as<float>());
+    const Shape shape{T, plan_.spec.routing.top_k};
+    const Device device = plan_.options.device;
+    copy_async(routing.ids,
+               TensorView::contiguous(const_cast<int32_t*>(routed.logical_ids), DType::i32, shape,
+                                      device),
+               ctx_.stream);
+    copy_async(routing.weights,
+               TensorView::contiguous(const_cast<float*>(routed.logical_weights), DType::f32,
+                                      shape, device),
+               ctx_.stream);
   }
 
   Plan plan_;
@@ -287,7 +300,18 @@ MoeLayer& MoeLayer::operator=(MoeLayer&&) noexcept = default;
 
 void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits,
                        const TensorView& output, const RoutingResult* routing) {
-  impl_->forward(hidden, router_logits, output, routing);
+  impl_->forward(hidden, router_logits, output, routing, nullptr);
+  if (impl_->plan().options.device.kind == DeviceKind::cuda) impl_->synchronize();
+}
+
+void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits,
+                       const TensorView& output, const RoutingResult* routing,
+                       CUstream_st* stream) {
+  impl_->forward(hidden, router_logits, output, routing, stream);
+}
+
+void MoeLayer::synchronize() {
+  impl_->synchronize();
 }
 
 const Plan& MoeLayer::plan() const {

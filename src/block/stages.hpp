@@ -20,13 +20,17 @@
 
 namespace moekit {
 
-// Refuses non-finite hidden states and router logits, naming the tensor, row and column.
+// Refuses non-finite hidden states and router logits, naming the tensor, row and column. On the
+// CPU run() throws; on a GPU it records what it finds on the device, and report() (called by
+// MoeLayer::synchronize, once the stream is done) throws for what the forwards since the last
+// report found.
 class FiniteChecks {
  public:
   virtual ~FiniteChecks() = default;
   virtual int64_t scratch_bytes() const = 0;
   virtual void run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
                    void* scratch) const = 0;
+  virtual void report() = 0;
 };
 
 // One batch's routing, in the router's scratch: logical ids and weights [T, top_k] (what
@@ -61,18 +65,18 @@ class SharedExperts {
                     const MatrixSource& down) = 0;
   virtual void set_input_scales(float w13, float w2) = 0;
   // start() before the routed experts run, finish() after; finish returns their output [T, H]
-  // f32, each token's scaled by its gate where the routing has one.
-  virtual void start(const ExecContext& ctx, const TensorView& hidden, const Routing& routing) = 0;
+  // f32, unscaled (the output stage applies a shared gate).
+  virtual void start(const ExecContext& ctx, const TensorView& hidden) = 0;
   virtual const float* finish(const ExecContext& ctx) = 0;
 };
 
-// output = routed (+ shared), in the output's dtype. `routed` is the layer's scratch, which the
-// stage may sum into.
+// output = routed (+ gate * shared), in the output's dtype. `routed` is the layer's scratch,
+// which the stage may sum into; shared_gate [T] is null where the spec has no shared gate.
 class OutputSum {
  public:
   virtual ~OutputSum() = default;
   virtual void run(const ExecContext& ctx, float* routed, const float* shared,
-                   const TensorView& output) const = 0;
+                   const float* shared_gate, const TensorView& output) const = 0;
 };
 
 // One device's block stages.
@@ -93,5 +97,12 @@ std::unique_ptr<SharedExperts> make_shared_experts(const Plan& plan);
 std::unique_ptr<FiniteChecks> make_cpu_finite_checks(const Plan& plan);
 std::unique_ptr<RouterStage> make_cpu_router(const Plan& plan);
 std::unique_ptr<OutputSum> make_cpu_output_sum(const Plan& plan);
+#ifdef MOEKIT_WITH_CUDA
+// The cuda stages, block/cuda/.
+std::unique_ptr<FiniteChecks> make_cuda_finite_checks(const Plan& plan);
+std::unique_ptr<RouterStage> make_cuda_router(const Plan& plan);
+std::unique_ptr<OutputSum> make_cuda_output_sum(const Plan& plan);
+std::unique_ptr<SharedExperts> make_cuda_shared_overlapped(const Plan& plan);
+#endif
 
 }  // namespace moekit

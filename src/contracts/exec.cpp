@@ -1,5 +1,9 @@
 #include "contracts/exec.hpp"
 
+#ifdef MOEKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -7,6 +11,17 @@ namespace moekit {
 ThreadPool& ExecContext::threads() const {
   if (pool == nullptr) fail(Errc::internal, "a CPU stage was given no thread pool");
   return *pool;
+}
+
+void synchronize_stream(GpuStream stream) {
+#ifdef MOEKIT_WITH_CUDA
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    fail(Errc::internal, "the GPU stream failed: {}", cudaGetErrorString(e));
+  }
+#else
+  (void)stream;
+  fail(Errc::invalid_argument, "this build of moekit has no CUDA");
+#endif
 }
 
 }  // namespace moekit

@@ -6,8 +6,6 @@
 
 #include "moekit/tensor.hpp"
 
-struct CUstream_st;  // cudaStream_t is CUstream_st*; named here so no CUDA header is needed
-
 namespace moekit {
 
 class ThreadPool;
@@ -20,5 +18,9 @@ struct ExecContext {
 
   ThreadPool& threads() const;  // the pool; an internal error when a CPU stage has none
 };
+
+// Waits until `stream` has run everything enqueued on it (internal error naming the CUDA error
+// otherwise; invalid_argument in a build without CUDA).
+void synchronize_stream(GpuStream stream);
 
 }  // namespace moekit

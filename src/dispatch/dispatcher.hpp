@@ -58,5 +58,8 @@ const DispatcherEntry* find_dispatcher(A2AKind a2a);
 Capability standard_supports(const Deployment& deployment);
 int64_t standard_max_received_tokens(const Options& options);
 std::unique_ptr<Dispatcher> make_standard_dispatcher(const DispatcherProblem& problem);
+#ifdef MOEKIT_WITH_CUDA
+std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
+#endif
 
 }  // namespace moekit

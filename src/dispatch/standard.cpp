@@ -2,7 +2,7 @@
 // parallelism it maps each global expert id to this rank's slot, or -1 for an expert held
 // elsewhere; the ranks' partial outputs are then summed by the caller (all-reduce, or a test).
 // The runner writes the weighted sum straight into the combined output, so combine() has
-// nothing left to move.
+// nothing left to move. On a GPU the map is a kernel (cuda/standard_cuda.cpp).
 
 #include <fmt/format.h>
 
@@ -51,9 +51,12 @@ class StandardDispatcher final : public Dispatcher {
 }  // namespace
 
 Capability standard_supports(const Deployment& deployment) {
+#ifndef MOEKIT_WITH_CUDA
   if (deployment.options.device.kind != DeviceKind::cpu) {
-    return Capability::No("the standard dispatcher maps expert ids on the CPU only");
+    return Capability::No("this build of moekit has no CUDA: the standard dispatcher maps "
+                          "expert ids on the CPU only");
   }
+#endif
   return Capability::Yes(
       deployment.options.ep.size == 1
           ? "a2a none, one rank: rows stay here and every expert id is local"
@@ -66,6 +69,9 @@ int64_t standard_max_received_tokens(const Options& options) {
 }
 
 std::unique_ptr<Dispatcher> make_standard_dispatcher(const DispatcherProblem& problem) {
+#ifdef MOEKIT_WITH_CUDA
+  if (problem.device.kind == DeviceKind::cuda) return make_cuda_standard_dispatcher(problem);
+#endif
   return std::make_unique<StandardDispatcher>(problem);
 }
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "core/names.hpp"
+#include "moekit/error.hpp"
 #include "moekit/plan.hpp"
 
 namespace moekit {
@@ -41,6 +42,15 @@ std::string_view runner_format_name(RunnerFormat format) {
       return "contiguous";
   }
   return "?";
+}
+
+const CudaGemmChoice& CudaKernels::for_tokens(const std::vector<CudaGemmChoice>& runs,
+                                              int64_t tokens) {
+  for (const CudaGemmChoice& choice : runs) {
+    if (tokens <= choice.up_to_tokens) return choice;
+  }
+  fail(Errc::internal, "no cuda kernel choice for {} tokens (planned up to {})", tokens,
+       runs.empty() ? 0 : runs.back().up_to_tokens);
 }
 
 std::vector<const Decision*> Plan::fallbacks() const {

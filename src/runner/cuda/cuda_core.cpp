@@ -1,0 +1,269 @@
+// The cuda core: the routed experts of one batch on the GPU, in the standard dispatch format
+// (rows in token order, local slots per entry) in and the weighted sum in token order out,
+// everything enqueued on the caller's stream:
+//   sort entries by slot (counts, offsets, each row's entry, each entry's row)
+//   -> gather the rows grouped by slot, converted to the weights' dtype or quantised to e4m3
+//   -> GEMM1 + activation -> (fp8: re-quantise the activations) -> GEMM2
+//   -> combine: each token's rows times their routing weights, summed in column order.
+// No host synchronisation, no allocation, no float atomics: capturable in a CUDA graph, and the
+// same inputs give the same bits.
+
+#include <fmt/format.h>
+
+#include "core/scratch.hpp"
+#include "moekit/error.hpp"
+#include "runner/cuda/gemm/expert_gemm.hpp"
+#include "runner/cuda/kernel_choice.hpp"
+#include "runner/cuda/permute.hpp"
+#include "runner/registry.hpp"
+
+namespace moekit {
+namespace {
+
+using runner::cuda::sort_max_rows;
+
+// Rows of activations per scale along a row: fp8-block's 128-column groups, or the whole row.
+int64_t scale_group(const QuantParams& q, int64_t cols) {
+  return q.activation == ActivationQuant::fp8_per_token_group ? q.activation_group : cols;
+}
+
+int64_t groups(int64_t cols, int64_t group) {
+  return (cols + group - 1) / group;
+}
+
+class CudaCore final : public RunnerCore {
+ public:
+  CudaCore(const Plan& plan, const ExpertsProblem& problem)
+      : p_(problem),
+        kernels_(problem.role == ExpertsRole::shared ? plan.cuda_kernels->shared
+                                                     : plan.cuda_kernels->routed),
+        dtype_(problem.quant.weight_dtype),
+        fp8_(dtype_ == DType::f8e4m3),
+        max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)) {}
+
+  RunnerFormat format() const override { return RunnerFormat::standard; }
+  int64_t scratch_bytes() const override {
+    ScratchCarver counter;
+    carve(counter);
+    return counter.bytes();
+  }
+
+  void run(const ExecContext& ctx, RunnerBatch& batch, const CoreWeights& w,
+           void* scratch) const override {
+    const DispatchOutput& in = *batch.standard;
+    cudaStream_t stream = ctx.stream;
+    ScratchCarver carver(scratch);
+    const Arrays a = carve(carver);
+    const int64_t H = p_.hidden, I = p_.intermediate;
+    const int64_t entries = in.tokens * in.columns;
+    runner::cuda::sort_by_slot({.ids = in.slots,
+                                .tokens = in.tokens,
+                                .columns = in.columns,
+                                .n_slots = p_.slots,
+                                .tile = 1,
+                                .capacity = 0,
+                                .counts = a.counts,
+                                .offsets = a.offsets,
+                                .row_source = a.row_source,
+                                .entry_row = a.entry_row,
+                                .scratch = a.sort_scratch},
+                               stream);
+    const int64_t rows = sort_max_rows(entries, p_.slots, 1, 0);
+    const int64_t x_group = scale_group(p_.quant, H);
+    runner::cuda::gather_rows({.hidden = in.hidden.data,
+                               .hidden_dtype = in.hidden.dtype,
+                               .tokens = in.tokens,
+                               .hidden_size = H,
+                               .columns = in.columns,
+                               .row_source = a.row_source,
+                               .offsets = a.offsets,
+                               .counts = a.counts,
+                               .n_slots = p_.slots,
+                               .capacity = 0,
+                               .max_rows = rows,
+                               .rows = a.x,
+                               .rows_dtype = dtype_,
+                               .scales = fp8_ ? a.x_scales : nullptr,
+                               .quant_group = static_cast<int>(x_group)},
+                              stream);
+    const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
+    const cuda_gemm::GemmChoice choice{
+        .kernel = c.kernel == CudaGemmKernel::decode ? cuda_gemm::GemmKernel::decode
+                                                     : cuda_gemm::GemmKernel::prefill,
+        .token_tile = c.token_tile,
+        .gemm1_slices = c.gemm1_slices,
+        .gemm2_slices = c.gemm2_slices};
+    const auto weight_scales = [&](const StoredMatrices& m, const float* activation,
+                                   int64_t group, int64_t cols) {
+      return cuda_gemm::Fp8Scales{
+          .weight = static_cast<const float*>(m.scale.data),
+          .weight_block_rows = static_cast<int>(p_.quant.block_rows),
+          .weight_block_cols = static_cast<int>(p_.quant.block_cols),
+          .activation = activation,
+          .activation_block_cols = group == cols ? 0 : static_cast<int>(group)};
+    };
+    cuda_gemm::launch_gemm1(
+        {.dtype = dtype_,
+         .x = a.x,
+         .w13 = w.w13.weight.data,
+         .scales = fp8_ ? weight_scales(w.w13, a.x_scales, x_group, H) : cuda_gemm::Fp8Scales{},
+         .offsets = a.offsets,
+         .num_experts = p_.slots,
+         .rows = rows,
+         .hidden = static_cast<int>(H),
+         .intermediate = static_cast<int>(I),
+         .activation = p_.activation,
+         .act = a.act,
+         .choice = choice},
+        stream);
+    const int64_t act_group = scale_group(p_.quant, I);
+    if (fp8_) {
+      cuda_gemm::launch_quantize_rows_e4m3(
+          {.in = static_cast<const float*>(a.act),
+           .offsets = a.offsets,
+           .num_experts = p_.slots,
+           .rows = rows,
+           .cols = static_cast<int>(I),
+           .group = act_group == I ? 0 : static_cast<int>(act_group),
+           .out = a.act_e4m3,
+           .scales = a.act_scales},
+          stream);
+    }
+    cuda_gemm::launch_gemm2(
+        {.dtype = dtype_,
+         .act = fp8_ ? static_cast<const void*>(a.act_e4m3) : a.act,
+         .w2 = w.w2.weight.data,
+         .scales = fp8_ ? weight_scales(w.w2, a.act_scales, act_group, I) : cuda_gemm::Fp8Scales{},
+         .offsets = a.offsets,
+         .num_experts = p_.slots,
+         .rows = rows,
+         .hidden = static_cast<int>(H),
+         .intermediate = static_cast<int>(I),
+         .route_weight = nullptr,
+         .out = a.out,
+         .choice = choice},
+        stream);
+    runner::cuda::combine({.rows = a.out,
+                           .rows_dtype = DType::f32,
+                           .entry_row = a.entry_row,
+                           .apply_weights = true,
+                           .weights = in.weights,
+                           .tokens = in.tokens,
+                           .columns = in.columns,
+                           .hidden_size = H,
+                           .output = in.sum,
+                           .output_dtype = DType::f32},
+                          stream);
+  }
+
+ private:
+  struct Arrays {
+    int32_t* counts;
+    int32_t* offsets;
+    int32_t* row_source;
+    int32_t* entry_row;
+    void* sort_scratch;
+    void* x;          // [max_rows, H] in the weights' dtype
+    float* x_scales;  // fp8: [max_rows, groups of H]
+    void* act;        // [max_rows, I]: the weights' dtype, f32 for fp8
+    uint8_t* act_e4m3;
+    float* act_scales;
+    float* out;  // [max_rows, H]
+  };
+  Arrays carve(ScratchCarver& carver) const {
+    const int64_t H = p_.hidden, I = p_.intermediate, R = max_rows_;
+    const DType act_dtype = fp8_ ? DType::f32 : dtype_;
+    return {carver.take<int32_t>(p_.slots),
+            carver.take<int32_t>(p_.slots + 1),
+            carver.take<int32_t>(R),
+            carver.take<int32_t>(p_.max_rows()),
+            carver.take<std::byte>(runner::cuda::sort_scratch_bytes(p_.max_rows(), p_.slots)),
+            carver.take<std::byte>(dtype_storage_bytes(dtype_, R * H)),
+            carver.take<float>(fp8_ ? R * groups(H, scale_group(p_.quant, H)) : 0),
+            carver.take<std::byte>(dtype_storage_bytes(act_dtype, R * I)),
+            carver.take<uint8_t>(fp8_ ? R * I : 0),
+            carver.take<float>(fp8_ ? R * groups(I, scale_group(p_.quant, I)) : 0),
+            carver.take<float>(R * H)};
+  }
+
+  ExpertsProblem p_;
+  std::vector<CudaGemmChoice> kernels_;  // this computation's runs of the plan's choice
+  DType dtype_;
+  bool fp8_;
+  int64_t max_rows_;
+};
+
+}  // namespace
+
+Capability cuda_supports(const Deployment& deployment) {
+  const Device device = deployment.options.device;
+  if (device.kind != DeviceKind::cuda) {
+    return Capability::No("the cuda core computes on a GPU: ask for device=cuda:N");
+  }
+  const Platform& platform = deployment.platform;
+  if (platform.gpus.empty()) {
+    return Capability::No(fmt::format("no GPU on this machine ({})", platform.gpu_note.empty()
+                                                                         ? "none found"
+                                                                         : platform.gpu_note));
+  }
+  for (const GpuInfo& gpu : platform.gpus) {
+    if (gpu.index != device.index) continue;
+    if (gpu.compute_major < 8) {
+      return Capability::No(fmt::format("GPU {} ({}) is sm_{}{}; the cuda core needs sm_80 or newer",
+                                        gpu.index, gpu.name, gpu.compute_major,
+                                        gpu.compute_minor));
+    }
+    return Capability::Yes(fmt::format(
+        "GPU {} ({}, sm_{}{}, {} SMs): rows sorted by expert on the device, tensor-core GEMMs, "
+        "one combine pass in token order",
+        gpu.index, gpu.name, gpu.compute_major, gpu.compute_minor, gpu.sm_count));
+  }
+  return Capability::No(fmt::format("there is no GPU {} on this machine ({} GPU(s))", device.index,
+                                    platform.gpus.size()));
+}
+
+Capability cuda_reads(const QuantParams& q) {
+  switch (q.format) {
+    case WeightFormat::bf16:
+    case WeightFormat::f16:
+      return Capability::Yes("bf16/f16 rows on the tensor cores, f32 accumulation");
+    case WeightFormat::f32:
+      return Capability::No(
+          "f32 weights have no tensor-core path in the cuda core; store them as bf16 or f16");
+    case WeightFormat::fp8_block:
+      if (q.block_rows != 128 || q.block_cols != 128) {
+        return Capability::No(fmt::format(
+            "the cuda core reads fp8-block with 128 x 128 weight blocks, not {} x {}",
+            q.block_rows, q.block_cols));
+      }
+      return Capability::Yes(
+          "e4m3 weights with 128 x 128 scales and e4m3 activations per token per 128 columns; "
+          "f32 sums promoted per 128-wide K block");
+    case WeightFormat::fp8_tensor:
+      if (q.activation == ActivationQuant::fp8_static) {
+        return Capability::No(
+            "static fp8 activation scales are not built in the cuda core; use dynamic ones");
+      }
+      return Capability::Yes("e4m3 weights per tensor or channel, e4m3 activations per token");
+    case WeightFormat::int4_group:
+      return Capability::No("INT4 weights on the GPU are a later issue, not built yet");
+  }
+  return Capability::No(fmt::format("the cuda core has no reader for {}", q.name()));
+}
+
+void cuda_decide_kernels(Plan& plan) {
+  plan.cuda_kernels = cuda::choose_cuda_kernels(plan);
+  plan.decisions.push_back({PlanLayer::runner,
+                            "kernels",
+                            "cuda expert gemms",
+                            cuda::describe(*plan.cuda_kernels),
+                            {},
+                            std::nullopt});
+}
+
+std::unique_ptr<RunnerCore> make_cuda_core(const Plan& plan, const ExpertsProblem& problem) {
+  if (!plan.cuda_kernels) fail(Errc::internal, "a cuda core built from a plan without kernels");
+  return std::make_unique<CudaCore>(plan, problem);
+}
+
+}  // namespace moekit

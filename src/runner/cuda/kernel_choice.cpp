@@ -1,0 +1,84 @@
+#include "runner/cuda/kernel_choice.hpp"
+
+#include <fmt/format.h>
+
+#include "runner/cuda/gemm/expert_gemm.hpp"
+
+namespace moekit::cuda {
+namespace {
+
+CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
+  return {up_to,
+          c.kernel == cuda_gemm::GemmKernel::decode ? CudaGemmKernel::decode
+                                                    : CudaGemmKernel::prefill,
+          c.token_tile, c.gemm1_slices, c.gemm2_slices};
+}
+
+bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
+  return a.kernel == b.kernel && a.token_tile == b.token_tile &&
+         a.gemm1_slices == b.gemm1_slices && a.gemm2_slices == b.gemm2_slices;
+}
+
+
+// The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
+// intermediate I, each token bringing `columns` rows.
+std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int64_t I,
+                                 int64_t max_tokens, int sm_count) {
+  std::vector<CudaGemmChoice> out;
+  cuda_gemm::GemmProblem problem{.dtype = plan.quant.weight_dtype,
+                                 .rows = 0,
+                                 .num_experts = experts,
+                                 .hidden = static_cast<int>(plan.spec.hidden),
+                                 .intermediate = static_cast<int>(I),
+                                 .sm_count = sm_count};
+  for (int64_t T = 1; T <= max_tokens; ++T) {
+    problem.rows = T * columns;
+    const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T);
+    if (!out.empty() && same(out.back(), c)) {
+      out.back().up_to_tokens = T;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
+  std::string text;
+  int64_t from = 1;
+  for (const CudaGemmChoice& c : runs) {
+    text += fmt::format("{}T {}-{}: {} tile {}", text.empty() ? "" : "; ", from, c.up_to_tokens,
+                        c.kernel == CudaGemmKernel::decode ? "decode" : "prefill", c.token_tile);
+    if (c.kernel == CudaGemmKernel::decode) {
+      text += fmt::format(" ({}/{} slices)", c.gemm1_slices, c.gemm2_slices);
+    }
+    from = c.up_to_tokens + 1;
+  }
+  return text;
+}
+
+}  // namespace
+
+CudaKernels choose_cuda_kernels(const Plan& plan) {
+  CudaKernels k;
+  k.device_index = plan.options.device.index;
+  for (const GpuInfo& gpu : plan.platform.gpus) {
+    if (gpu.index == k.device_index) k.sm_count = gpu.sm_count;
+  }
+  const ModelSpec& spec = plan.spec;
+  k.routed = runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
+                  spec.intermediate, plan.max_received_tokens, k.sm_count);
+  if (plan.adds_shared_output) {
+    k.shared = runs(plan, spec.n_shared, spec.n_shared, spec.shared_intermediate,
+                    plan.options.max_tokens, k.sm_count);
+  }
+  return k;
+}
+
+std::string describe(const CudaKernels& k) {
+  std::string text = "routed experts: " + describe_runs(k.routed);
+  if (!k.shared.empty()) text += "; shared experts: " + describe_runs(k.shared);
+  return text + fmt::format(" (GPU {}, {} SMs)", k.device_index, k.sm_count);
+}
+
+}  // namespace moekit::cuda
