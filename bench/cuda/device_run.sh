@@ -13,6 +13,10 @@ done
 wait
 nvcc $F -o build/gemm_check bench/cuda/gemm_check.cu build/*.o 2>&1 | tee -a "$OUT/build.log"
 nvcc $F -o build/gemm_bench bench/cuda/gemm_bench.cu build/gemm_*.o build/expert_gemm.cu.o 2>&1 | tee -a "$OUT/build.log"
+# Which tensor-core instructions the fp8 kernels became on sm_90 (HMMA: f16 mma).
+if command -v cuobjdump > /dev/null; then
+  cuobjdump -sass build/gemm_e4m3.cu.o | grep -oE "(QMMA|HMMA)[.A-Z0-9]*" | sort | uniq -c | tee "$OUT/sass.txt"
+fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
 ./build/gemm_check > "$OUT/check.log" 2>&1; check_rc=$?
 tail -n 60 "$OUT/check.log"

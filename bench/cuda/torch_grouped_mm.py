@@ -12,7 +12,7 @@ BW, PEAK = 4.44e12, 989e12
 
 def case(name, E, k, H, I, T, w13, w2):
     rows = T * k
-    graphs, hits = [], []
+    graphs, hits, keep = [], [], []  # keep: what each graph reads must outlive it
     x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
     route = torch.rand(rows, 1, device="cuda")
     for r in range(8):
@@ -34,6 +34,7 @@ def case(name, E, k, H, I, T, w13, w2):
             a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
             o = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs).float() * route
         graphs.append(g)
+        keep.append((offs, h, a, o))
     times = []
     for it in range(35):
         r = it % 8

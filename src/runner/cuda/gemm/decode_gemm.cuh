@@ -55,10 +55,13 @@ template <int kNT>
 struct DecodeUnit {
   uint4 w[2][2][2];  // [piece][m tile][row g, g + 8]
   uint4 x[2][kNT];   // [piece][token tile]
+  float ws[2];       // fp8-block: the scales of this K block, loaded with the unit (a 16-row
+                     // m tile lies in one 128-row scale block)
+  float as[kNT][2];
 };
 
 template <Elem kElem, int kNT, bool kGated, bool kVec, bool kPerBlock>
-__global__ void __launch_bounds__(kDecodeThreads, kNT == 4 ? 1 : 2) decode_kernel(const Params p) {
+__global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kernel(const Params p) {
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr int kPerPiece = 16 / kBytes;     // elements one thread loads per row
   constexpr int kPiece = 4 * kPerPiece;      // elements a quad of threads covers
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 4 ? 1 : 2) decode_kerne
 
   const uint8_t* w_row[2][2];
   bool w_valid[2][2];
-  int64_t ws_base[2][2];
+  int ws_base[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -92,7 +95,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 4 ? 1 : 2) decode_kerne
       w_row[mt][h] = expert_w + (w_valid[mt][h] ? row * row_bytes : 0);
       ws_base[mt][h] = 0;
       if constexpr (kFp8) {
-        ws_base[mt][h] = weight_scale_base(p, kGated ? 2 : 1, tile.expert, kGated ? mt : 0, col);
+        ws_base[mt][h] = static_cast<int>(
+            weight_scale_base(p, kGated ? 2 : 1, tile.expert, kGated ? mt : 0, col));
       }
     }
   }
@@ -125,6 +129,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 4 ? 1 : 2) decode_kerne
       for (int nt = 0; nt < kNT; ++nt)
         r.x[piece][nt] = load_piece<kElem, kVec>(x_row[nt], k, K, x_valid[nt], false);
     }
+    if constexpr (kPerBlock) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+        r.ws[mt] = w_valid[mt][0] ? __ldg(p.w_scale + ws_base[mt][0] + u * p.ws_kb_step) : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int token = nt * 8 + 2 * q + j;
+          r.as[nt][j] = token < tile.rows ? activation_scale(p, tile.row0 + token, u) : 0.0f;
+        }
+    }
   };
   const auto compute = [&](const DecodeUnit<kNT>& r, int u) {
     float part[2][kNT][4];
@@ -156,47 +172,32 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 4 ? 1 : 2) decode_kerne
       }
     }
     if constexpr (kPerBlock) {
-      float ws[2][2], as[kNT][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          ws[mt][h] = w_valid[mt][h] ? __ldg(p.w_scale + ws_base[mt][h] + u * p.ws_kb_step) : 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int token = nt * 8 + 2 * q + j;
-          as[nt][j] = token < tile.rows
-                          ? activation_scale(p, tile.row0 + token, u) * e4m3_product_factor()
-                          : 0.0f;
-        }
+      const float factor = e4m3_product_factor();
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int c = 0; c < 4; ++c)
-            acc[mt][nt][c] += part[mt][nt][c] * (ws[mt][c >> 1] * as[nt][c & 1]);
+            acc[mt][nt][c] += part[mt][nt][c] * (r.ws[mt] * (r.as[nt][c & 1] * factor));
     }
   };
 
   const int units = (K + kUnit - 1) / kUnit;
+  // Two units in registers, each reloaded as soon as it is computed: the next unit's loads are
+  // always in flight while one is computed.
   int u = warp;
-  if constexpr (kNT == 1) {
-    // Two units in flight per thread: 16 loads of 16 bytes.
-    for (; u + kDecodeWarps < units; u += 2 * kDecodeWarps) {
-      DecodeUnit<kNT> r0, r1;
-      load(r0, u);
-      load(r1, u + kDecodeWarps);
-      compute(r0, u);
-      compute(r1, u + kDecodeWarps);
-    }
-  }
-  for (; u < units; u += kDecodeWarps) {
-    DecodeUnit<kNT> r;
-    load(r, u);
-    compute(r, u);
+  DecodeUnit<kNT> first, second;
+  if (u < units) load(first, u);
+  if (u + kDecodeWarps < units) load(second, u + kDecodeWarps);
+  while (u < units) {
+    compute(first, u);
+    if (u + 2 * kDecodeWarps < units) load(first, u + 2 * kDecodeWarps);
+    u += kDecodeWarps;
+    if (u >= units) break;
+    compute(second, u);
+    if (u + 2 * kDecodeWarps < units) load(second, u + 2 * kDecodeWarps);
+    u += kDecodeWarps;
   }
 
 #pragma unroll

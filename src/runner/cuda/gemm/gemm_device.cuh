@@ -18,8 +18,11 @@ enum class Elem : uint8_t { bf16, f16, e4m3 };
 template <Elem kElem>
 inline constexpr int kElemBytes = kElem == Elem::e4m3 ? 1 : 2;
 
-// e4m3 mma.sync exists from sm_89; below it the kernels convert e4m3 to f16 in registers.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// e4m3 mma.sync runs on Ada's fp8 tensor cores (sm_89). On sm_90 ptxas accepts it but lowers it
+// to f16 mma with conversions of its own (Hopper's fp8 tensor cores are reached by wgmma only,
+// the `hopper` runner's business), and sm_80 has no e4m3 at all: there the kernels convert
+// e4m3 to f16 in registers themselves, in three integer operations per pair.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && __CUDA_ARCH__ < 900
 #define MOEKIT_GEMM_E4M3_MMA 1
 #else
 #define MOEKIT_GEMM_E4M3_MMA 0

@@ -129,6 +129,18 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Param
   for (int step = 0; step < steps; ++step) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefillStages - 2));
     __syncthreads();
+    // fp8-block: this K block's scales, loaded before the step's mma so that their latency
+    // hides behind them.
+    float w_first = 0.0f, w_second = 0.0f, as[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    if constexpr (kPerBlock) {
+      w_first = __ldg(p.w_scale + ws_first + step * p.ws_kb_step) * e4m3_product_factor();
+      w_second = __ldg(p.w_scale + ws_second + step * p.ws_kb_step) * e4m3_product_factor();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          as[mt][h] = row_valid[mt][h] ? activation_scale(p, as_row[mt][h], step) : 0.0f;
+    }
     const int next = step + kPrefillStages - 1;
     if (next < steps) load_step(next, next % kPrefillStages);
     asm volatile("cp.async.commit_group;\n" ::);
@@ -168,16 +180,6 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Param
     }
 
     if constexpr (kPerBlock) {
-      const float w_first =
-          __ldg(p.w_scale + ws_first + step * p.ws_kb_step) * e4m3_product_factor();
-      const float w_second =
-          __ldg(p.w_scale + ws_second + step * p.ws_kb_step) * e4m3_product_factor();
-      float as[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          as[mt][h] = row_valid[mt][h] ? activation_scale(p, as_row[mt][h], step) : 0.0f;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
