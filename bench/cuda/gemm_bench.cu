@@ -99,12 +99,11 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-Result run_case(const Model& m, DType dtype, int T, void* w13, void* w2, float* w13_scales,
-                float* w2_scales) {
+Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, void* w13, void* w2,
+                float* w13_scales, float* w2_scales) {
   const bool fp8 = dtype == DType::f8e4m3;
   const int eb = fp8 ? 1 : 2;
   const int64_t rows = static_cast<int64_t>(T) * m.k;
-  const GemmChoice choice = choose_gemm({dtype, rows, m.E, m.H, m.I, 132});
   std::mt19937 rng(1234u + static_cast<uint32_t>(T));
   std::vector<int32_t*> offsets(kRoutings);
   std::vector<double> hit_bytes(kRoutings);
@@ -265,7 +264,18 @@ int main(int argc, char** argv) {
       check(cudaDeviceSynchronize(), "init");
       for (int T : ts) {
         if (quick && T > 64) continue;
-        results.push_back(run_case(m, dtype, T, w13, w2, w13_scales, w2_scales));
+        const GemmChoice chosen = choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, 132});
+        results.push_back(run_case(m, dtype, T, chosen, w13, w2, w13_scales, w2_scales));
+        // The other kernels and tiles on the same case, to check the heuristic against.
+        for (const GemmChoice& other : {GemmChoice{GemmKernel::decode, 8},
+                                        GemmChoice{GemmKernel::decode, 16},
+                                        GemmChoice{GemmKernel::decode, 32},
+                                        GemmChoice{GemmKernel::prefill, 64}}) {
+          if (other.kernel == chosen.kernel && other.token_tile == chosen.token_tile) continue;
+          if (other.kernel == GemmKernel::decode && other.token_tile > 8 && T < 64) continue;
+          std::printf("  other: ");
+          run_case(m, dtype, T, other, w13, w2, w13_scales, w2_scales);
+        }
       }
       cudaFree(w13);
       cudaFree(w2);
