@@ -20,6 +20,15 @@ fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
 ./build/gemm_check > "$OUT/check.log" 2>&1; check_rc=$?
 tail -n 60 "$OUT/check.log"
+# compute-sanitizer over a few small cases: every kernel variant of one format.
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 3 ./build/gemm_check fp8_block_ > "$OUT/$tool.log" 2>&1
+    echo "$tool fp8_block: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"
+  done
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 ./build/gemm_check bf16_ > "$OUT/memcheck_bf16.log" 2>&1
+  echo "memcheck bf16: rc=$? $(grep 'ERROR SUMMARY' "$OUT/memcheck_bf16.log" | tail -1)"
+fi
 ./build/gemm_bench ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 if [ "${TORCH:-1}" = 1 ]; then timeout 150 python3 bench/cuda/torch_grouped_mm.py > "$OUT/torch.log" 2>&1; fi
 cat "$OUT/torch.log" 2>/dev/null | tail -n 12

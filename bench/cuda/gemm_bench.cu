@@ -1,8 +1,9 @@
 // A standalone benchmark of the expert GEMMs (GEMM1 with the activation, the fp8 quantisation
 // of its output, GEMM2) on the DeepSeek-V3 and Qwen3-30B-A3B shapes with uniform random routing.
-// Each case is captured into CUDA graphs (one per GEMM) for 8 routings drawn afresh and timed
-// with CUDA events, the routings rotated so that consecutive runs hit other experts (the
-// weights of a whole layer are far larger than L2); the median of 30 runs after 5 warm-ups.
+// Each case is captured into CUDA graphs (both GEMMs, and each GEMM alone) for 8 routings drawn
+// afresh and timed with CUDA events, the routings rotated so that consecutive runs hit other
+// experts (the weights of a whole layer are far larger than L2); the median of 30 runs after 5
+// warm-ups, all enqueued before the first is waited for.
 // floor = max(bytes of the distinct experts' weights / 4.44 TB/s, FLOPs / tensor peak).
 //
 //   gemm_bench [--quick]     prints one line per case and a table last
@@ -140,12 +141,10 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
 
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  std::vector<cudaGraphExec_t> g1(kRoutings), g2(kRoutings);
+  std::vector<cudaGraphExec_t> g1(kRoutings), g2(kRoutings), both(kRoutings);
   const Fp8Scales s13{w13_scales, 128, 128, x_scales, 128, false};
   const Fp8Scales s2{w2_scales, 128, 128, act_scales, 128, false};
-  for (int r = 0; r < kRoutings; ++r) {
-    cudaGraph_t graph;
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  const auto first_gemm = [&](int r) {
     launch_gemm1({.dtype = dtype,
                   .x = x,
                   .w13 = w13,
@@ -166,14 +165,13 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
                                  .rows = rows,
                                  .cols = m.I,
                                  .group = 128,
+                                 .static_scale = nullptr,
                                  .out = act_q,
                                  .scales = act_scales},
                                 stream);
     }
-    check(cudaStreamEndCapture(stream, &graph), "end capture");
-    check(cudaGraphInstantiate(&g1[r], graph, 0), "instantiate");
-    cudaGraphDestroy(graph);
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  };
+  const auto second_gemm = [&](int r) {
     launch_gemm2({.dtype = dtype,
                   .act = fp8 ? static_cast<void*>(act_q) : act,
                   .w2 = w2,
@@ -187,30 +185,56 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
                   .out = out,
                   .choice = choice},
                  stream);
+  };
+  const auto capture = [&](cudaGraphExec_t& exec, auto&& body) {
+    cudaGraph_t graph;
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+    body();
     check(cudaStreamEndCapture(stream, &graph), "end capture");
-    check(cudaGraphInstantiate(&g2[r], graph, 0), "instantiate");
+    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     cudaGraphDestroy(graph);
+  };
+  for (int r = 0; r < kRoutings; ++r) {
+    capture(g1[r], [&] { first_gemm(r); });
+    capture(g2[r], [&] { second_gemm(r); });
+    capture(both[r], [&] {
+      first_gemm(r);
+      second_gemm(r);
+    });
   }
-  cudaEvent_t ev[3];
+  // All runs enqueued before the first is waited for, so that the GPU never waits for the host
+  // between them: the whole layer's GEMMs as one graph, then each GEMM as its own.
+  constexpr int kIterations = kWarmup + kRuns;
+  std::vector<cudaEvent_t> ev(3 * kIterations + 1);
   for (auto& e : ev) check(cudaEventCreate(&e), "event");
+  for (int it = 0; it < kIterations; ++it) {
+    check(cudaEventRecord(ev[2 * it], stream), "record");
+    check(cudaGraphLaunch(both[it % kRoutings], stream), "launch");
+    check(cudaEventRecord(ev[2 * it + 1], stream), "record");
+  }
+  check(cudaStreamSynchronize(stream), "sync");
   std::vector<float> total, first, second;
+  for (int it = kWarmup; it < kIterations; ++it) {
+    float t = 0;
+    check(cudaEventElapsedTime(&t, ev[2 * it], ev[2 * it + 1]), "elapsed");
+    total.push_back(t);
+  }
+  for (int it = 0; it < kIterations; ++it) {
+    check(cudaEventRecord(ev[3 * it], stream), "record");
+    check(cudaGraphLaunch(g1[it % kRoutings], stream), "launch");
+    check(cudaEventRecord(ev[3 * it + 1], stream), "record");
+    check(cudaGraphLaunch(g2[it % kRoutings], stream), "launch");
+    check(cudaEventRecord(ev[3 * it + 2], stream), "record");
+  }
+  check(cudaStreamSynchronize(stream), "sync");
   double bytes = 0.0;
-  for (int it = 0; it < kWarmup + kRuns; ++it) {
-    const int r = it % kRoutings;
-    check(cudaEventRecord(ev[0], stream), "record");
-    check(cudaGraphLaunch(g1[r], stream), "launch");
-    check(cudaEventRecord(ev[1], stream), "record");
-    check(cudaGraphLaunch(g2[r], stream), "launch");
-    check(cudaEventRecord(ev[2], stream), "record");
-    check(cudaEventSynchronize(ev[2]), "sync");
-    if (it < kWarmup) continue;
+  for (int it = kWarmup; it < kIterations; ++it) {
     float a = 0, b = 0;
-    check(cudaEventElapsedTime(&a, ev[0], ev[1]), "elapsed");
-    check(cudaEventElapsedTime(&b, ev[1], ev[2]), "elapsed");
+    check(cudaEventElapsedTime(&a, ev[3 * it], ev[3 * it + 1]), "elapsed");
+    check(cudaEventElapsedTime(&b, ev[3 * it + 1], ev[3 * it + 2]), "elapsed");
     first.push_back(a);
     second.push_back(b);
-    total.push_back(a + b);
-    bytes += hit_bytes[r];
+    bytes += hit_bytes[it % kRoutings];
   }
   bytes /= kRuns;
   const double flops = 2.0 * static_cast<double>(rows) * 3.0 * m.I * m.H;
@@ -233,6 +257,7 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
   for (int r = 0; r < kRoutings; ++r) {
     cudaGraphExecDestroy(g1[r]);
     cudaGraphExecDestroy(g2[r]);
+    cudaGraphExecDestroy(both[r]);
     cudaFree(offsets[r]);
   }
   for (auto& e : ev) cudaEventDestroy(e);
@@ -267,12 +292,9 @@ int main(int argc, char** argv) {
         const GemmChoice chosen = choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, 132});
         results.push_back(run_case(m, dtype, T, chosen, w13, w2, w13_scales, w2_scales));
         // The other kernels and tiles on the same case, to check the heuristic against.
-        for (const GemmChoice& other : {GemmChoice{GemmKernel::decode, 8},
-                                        GemmChoice{GemmKernel::decode, 16},
-                                        GemmChoice{GemmKernel::decode, 32},
-                                        GemmChoice{GemmKernel::prefill, 64}}) {
-          if (other.kernel == chosen.kernel && other.token_tile == chosen.token_tile) continue;
-          if (other.kernel == GemmKernel::decode && other.token_tile > 8 && T < 64) continue;
+        for (const GemmChoice& other :
+             {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1}}) {
+          if (other.str() == chosen.str()) continue;
           std::printf("  other: ");
           run_case(m, dtype, T, other, w13, w2, w13_scales, w2_scales);
         }

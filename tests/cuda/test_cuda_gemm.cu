@@ -35,9 +35,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGemm, ::testing::ValuesIn(all_cases()),
 TEST(CudaGemmChoice, DecodeForFewRowsPerExpertPrefillForMany) {
   // DeepSeek-V3 (E=256, k=8) at T = 1, 64 and 4096.
   EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
-  EXPECT_EQ(choose_gemm({DType::bf16, 512, 256, 7168, 2048, 132}).token_tile, 8);
+  EXPECT_EQ(choose_gemm({DType::bf16, 512, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).kernel, GemmKernel::prefill);
-  EXPECT_EQ(choose_gemm({DType::bf16, 2048, 128, 2048, 768, 132}).token_tile, 16);
+  // Qwen3-30B-A3B (E=128, k=8) at T = 64: 4 rows per expert.
+  EXPECT_EQ(choose_gemm({DType::bf16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 512, 128, 2048, 768, 132}).kernel, GemmKernel::decode);
+}
+
+TEST(CudaGemmChoice, DecodeSlicesGrowWithTheCtasABatchGives) {
+  // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
+  // 264 twice over; at T = 8 (64 rows) more than enough for 4.
+  EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).gemm1_slices, 2);
+  EXPECT_EQ(choose_gemm({DType::bf16, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
 }
 
 TEST(CudaGemmChoice, RowsThatAreNotSixteenByteAlignedRunOnDecode) {

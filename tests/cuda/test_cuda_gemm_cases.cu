@@ -482,8 +482,7 @@ CaseResult run_case(const GemmCase& c) {
 
 std::vector<GemmCase> all_cases() {
   using moekit::cuda_gemm::GemmKernel;
-  const GemmChoice decode8{GemmKernel::decode, 8}, decode16{GemmKernel::decode, 16},
-      decode32{GemmKernel::decode, 32}, prefill{GemmKernel::prefill, 64};
+  const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64};
   const std::vector<int> few{0, 1, 3, 8, 0, 17}, many{0, 1, 64, 130, 7};
   std::vector<GemmCase> cases;
   for (Format f : {Format::bf16, Format::f16, Format::fp8_block, Format::fp8_tensor,
@@ -495,20 +494,36 @@ std::vector<GemmCase> all_cases() {
                           : f == Format::fp8_tensor  ? "fp8_tensor"
                           : f == Format::fp8_channel ? "fp8_channel"
                                                      : "fp8_static";
-    cases.push_back({n + "_decode8", f, 256, 128, few, Activation::SiluGated(), true, decode8});
-    cases.push_back(
-        {n + "_decode16_gelu", f, 384, 256, few, Activation::GeluGated(), true, decode16});
-    cases.push_back({n + "_decode32_swiglu",
+    cases.push_back({n + "_decode", f, 256, 128, few, Activation::SiluGated(), true, decode});
+    cases.push_back({n + "_decode_gelu", f, 384, 256, few, Activation::GeluGated(), true, decode});
+    // Groups of several tiles of 8 rows.
+    cases.push_back({n + "_decode_swiglu_tiles",
                      f,
                      256,
                      384,
                      {40, 0, 33},
                      Activation::SwigluOai(),
                      true,
-                     decode32});
+                     decode});
+    // CTAs taking several slices of weight rows, the last one partly past N.
+    cases.push_back({n + "_decode_slices",
+                     f,
+                     208,
+                     144,
+                     few,
+                     Activation::SiluGated(),
+                     true,
+                     {GemmKernel::decode, 8, 3, 2}});
+    cases.push_back({n + "_decode_slices_tiles",
+                     f,
+                     256,
+                     384,
+                     {40, 0, 33},
+                     Activation::GeluGated(),
+                     true,
+                     {GemmKernel::decode, 8, 4, 4}});
     // Not multiples of 128 (partial fp8 blocks), 16-byte aligned rows.
-    cases.push_back(
-        {n + "_decode_edges", f, 208, 144, few, Activation::SiluGated(), true, decode8});
+    cases.push_back({n + "_decode_edges", f, 208, 144, few, Activation::SiluGated(), true, decode});
     cases.push_back({n + "_prefill", f, 384, 256, many, Activation::SiluGated(), true, prefill});
     cases.push_back(
         {n + "_prefill_edges_gelu", f, 208, 144, many, Activation::GeluGated(), true, prefill});

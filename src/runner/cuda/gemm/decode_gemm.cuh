@@ -1,8 +1,8 @@
 #pragma once
 // The decode kernel: few rows per expert, so the weights are the traffic. A CTA takes 32 weight
 // rows of one expert (for GEMM1 16 gate rows and the 16 up rows of the same columns, so that
-// the activation sees both in one thread) over all of K, and a tile of up to 8 * kNT of the
-// expert's rows. The weight rows are the mma's M side and the tokens its N side (8 per mma),
+// the activation sees both in one thread) over all of K, and a tile of up to 8 of the expert's
+// rows. The weight rows are the mma's M side and the tokens its N side (8 per mma),
 // so a row of weights is read once per tile. The CTA's 8 warps split K between them, each
 // loading 16 bytes per row per thread straight into registers (the mma's k order within a
 // 16-byte piece is permuted the same way for both operands, so any contiguous 16 bytes make
@@ -14,6 +14,14 @@ namespace moekit::cuda_gemm::detail {
 
 inline constexpr int kDecodeThreads = 256;
 inline constexpr int kDecodeWarps = kDecodeThreads / 32;
+// One mma N tile of 8 rows per CTA: wider tiles (16, 32 rows) measured slower at every batch
+// size where decode is the faster kernel (bench/cuda/NOTES.md); more rows take more tiles.
+inline constexpr int kDecodeTokenTiles = 1;
+inline constexpr int kDecodeRows = 8 * kDecodeTokenTiles;
+// A CTA takes 1 to 4 slices of 32 weight rows in turn (Params::slices), its warps' loads running
+// on from one slice into the next: more bytes per CTA for its fixed costs (finding its tile,
+// summing the warps' parts) where the batch gives many CTAs.
+inline constexpr int kDecodeMaxSlices = 4;
 
 __device__ __forceinline__ uint4 load_weights16(const uint8_t* ptr) {
   uint4 v;
@@ -60,46 +68,32 @@ struct DecodeUnit {
   float as[kNT][2];
 };
 
-template <Elem kElem, int kNT, bool kGated, bool kVec, bool kPerBlock>
-__global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kernel(const Params p) {
+template <Elem kElem, bool kGated, bool kVec, bool kPerBlock>
+__global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Params p) {
+  constexpr int kNT = kDecodeTokenTiles;
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr int kPerPiece = 16 / kBytes;     // elements one thread loads per row
   constexpr int kPiece = 4 * kPerPiece;      // elements a quad of threads covers
   constexpr int kUnit = 2 * kPiece;          // 64 (16-bit) or 128 (e4m3: one scale block)
-  constexpr int kValues = 2 * kNT * 4 * 32;  // accumulators of one warp
+  constexpr int kValues = 2 * kNT * 4 * 32;  // accumulators of one warp for one slice
+  constexpr int kSliceCols = kGated ? 16 : 32;
   constexpr bool kFp8 = kElem == Elem::e4m3;
   __shared__ int scratch[kDecodeWarps + 3];
-  __shared__ float partial[kDecodeWarps][kValues];
+  __shared__ float partial[kDecodeWarps][kDecodeMaxSlices][kValues];
 
   const Tile tile = find_tile<kDecodeThreads>(p.offsets, p.num_experts,
-                                              static_cast<int>(blockIdx.y), 8 * kNT, scratch);
+                                              static_cast<int>(blockIdx.y), kDecodeRows, scratch);
   if (tile.expert < 0) return;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int K = p.k;
-  const int n0 = static_cast<int>(blockIdx.x) * (kGated ? 16 : 32);
+  const int n0 = static_cast<int>(blockIdx.x) * kSliceCols * p.slices;
   const int64_t row_bytes = static_cast<int64_t>(K) * kBytes;
   const uint8_t* expert_w =
       p.w + static_cast<int64_t>(tile.expert) * (kGated ? 2 : 1) * p.n * row_bytes;
+  // Column of this thread's weight row h of m tile mt, in slice 0.
+  const auto column = [&](int mt, int h) { return n0 + (kGated ? 0 : 16 * mt) + g + 8 * h; };
 
-  const uint8_t* w_row[2][2];
-  bool w_valid[2][2];
-  int ws_base[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = n0 + (kGated ? 0 : 16 * mt) + g + 8 * h;
-      w_valid[mt][h] = col < p.n;
-      const int row = kGated ? mt * p.n + col : col;
-      w_row[mt][h] = expert_w + (w_valid[mt][h] ? row * row_bytes : 0);
-      ws_base[mt][h] = 0;
-      if constexpr (kFp8) {
-        ws_base[mt][h] = static_cast<int>(
-            weight_scale_base(p, kGated ? 2 : 1, tile.expert, kGated ? mt : 0, col));
-      }
-    }
-  }
   const uint8_t* x_row[kNT];
   bool x_valid[kNT];
 #pragma unroll
@@ -107,42 +101,63 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kerne
     x_valid[nt] = nt * 8 + g < tile.rows;
     x_row[nt] = p.a + (x_valid[nt] ? (tile.row0 + nt * 8 + g) * row_bytes : 0);
   }
+  for (int s = 0; s < p.slices; ++s)
+    for (int v = lane; v < kValues; v += 32) partial[warp][s][v] = 0.0f;
 
   float acc[2][kNT][4];
+  const auto clear = [&]() {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
+        for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
+  };
+  clear();
 
-  const auto load = [&](DecodeUnit<kNT>& r, int u) {
+  // Job j: K unit j % units of slice j / units (the slice's 32 weight rows start kSliceCols
+  // columns after the previous one's).
+  const int units = (K + kUnit - 1) / kUnit;
+  const int jobs = units * p.slices;
+  const auto load = [&](DecodeUnit<kNT>& r, int j) {
+    const int u = j % units, shift = j / units * kSliceCols;
 #pragma unroll
     for (int piece = 0; piece < 2; ++piece) {
       const int k = u * kUnit + piece * kPiece + q * kPerPiece;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          r.w[piece][mt][h] = load_piece<kElem, kVec>(w_row[mt][h], k, K, w_valid[mt][h], true);
+        for (int h = 0; h < 2; ++h) {
+          const int col = column(mt, h) + shift;
+          const bool valid = col < p.n;
+          const uint8_t* row = expert_w + (valid ? ((kGated ? mt * p.n : 0) + col) * row_bytes : 0);
+          r.w[piece][mt][h] = load_piece<kElem, kVec>(row, k, K, valid, true);
+        }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
         r.x[piece][nt] = load_piece<kElem, kVec>(x_row[nt], k, K, x_valid[nt], false);
     }
     if constexpr (kPerBlock) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-        r.ws[mt] = w_valid[mt][0] ? __ldg(p.w_scale + ws_base[mt][0] + u * p.ws_kb_step) : 0.0f;
+      for (int mt = 0; mt < 2; ++mt) {
+        const int col = column(mt, 0) + shift;
+        r.ws[mt] =
+            col < p.n
+                ? __ldg(p.w_scale +
+                        weight_scale_base(p, kGated ? 2 : 1, tile.expert, kGated ? mt : 0, col) +
+                        u * p.ws_kb_step)
+                : 0.0f;
+      }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int token = nt * 8 + 2 * q + j;
-          r.as[nt][j] = token < tile.rows ? activation_scale(p, tile.row0 + token, u) : 0.0f;
+        for (int t = 0; t < 2; ++t) {
+          const int token = nt * 8 + 2 * q + t;
+          r.as[nt][t] = token < tile.rows ? activation_scale(p, tile.row0 + token, u) : 0.0f;
         }
     }
   };
-  const auto compute = [&](const DecodeUnit<kNT>& r, int u) {
+  const auto compute = [&](const DecodeUnit<kNT>& r) {
     float part[2][kNT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -153,20 +168,41 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kerne
     auto& sum = kPerBlock ? part : acc;
 #pragma unroll
     for (int piece = 0; piece < 2; ++piece) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint4 lo = r.w[piece][mt][0], hi = r.w[piece][mt][1];
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+      // e4m3 without e4m3 mma: each token row's fragments converted once for both m tiles.
+      uint32_t x16[kNT][2][2][2];
+      if constexpr (kFp8 && !MOEKIT_GEMM_E4M3_MMA) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           const uint4 b = r.x[piece][nt];
-          if constexpr (kFp8) {
-            mma_e4m3_k32(sum[mt][nt], a0, b.x, b.y);
-            mma_e4m3_k32(sum[mt][nt], a1, b.z, b.w);
+          e4m3_b_as_f16(b.x, b.y, x16[nt][0]);
+          e4m3_b_as_f16(b.z, b.w, x16[nt][1]);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint4 lo = r.w[piece][mt][0], hi = r.w[piece][mt][1];
+        const uint32_t a[2][4] = {{lo.x, hi.x, lo.y, hi.y}, {lo.z, hi.z, lo.w, hi.w}};
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          if constexpr (kFp8 && !MOEKIT_GEMM_E4M3_MMA) {
+            uint32_t first[4], second[4];
+            e4m3_a_as_f16(a[s], first, second);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              mma_16x8x16(sum[mt][nt], first, x16[nt][s][0][0], x16[nt][s][0][1], false);
+              mma_16x8x16(sum[mt][nt], second, x16[nt][s][1][0], x16[nt][s][1][1], false);
+            }
           } else {
-            mma_16x8x16(sum[mt][nt], a0, b.x, b.y, kElem == Elem::bf16);
-            mma_16x8x16(sum[mt][nt], a1, b.z, b.w, kElem == Elem::bf16);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              const uint4 b = r.x[piece][nt];
+              const uint32_t b0 = s == 0 ? b.x : b.z, b1 = s == 0 ? b.y : b.w;
+              if constexpr (kFp8) {
+                mma_e4m3_k32(sum[mt][nt], a[s], b0, b1);
+              } else {
+                mma_16x8x16(sum[mt][nt], a[s], b0, b1, kElem == Elem::bf16);
+              }
+            }
           }
         }
       }
@@ -182,44 +218,56 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kerne
             acc[mt][nt][c] += part[mt][nt][c] * (r.ws[mt] * (r.as[nt][c & 1] * factor));
     }
   };
+  // A warp's jobs go through the slices in order; its sums for a slice go to shared memory when
+  // its next job is in another slice.
+  int slice = warp / units;
+  const auto flush = [&]() {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          partial[warp][slice][((mt * kNT + nt) * 4 + c) * 32 + lane] = acc[mt][nt][c];
+    clear();
+  };
+  const auto consume = [&](const DecodeUnit<kNT>& r, int j) {
+    if (j / units != slice) {
+      flush();
+      slice = j / units;
+    }
+    compute(r);
+  };
 
-  const int units = (K + kUnit - 1) / kUnit;
-  // Two units in registers, each reloaded as soon as it is computed: the next unit's loads are
-  // always in flight while one is computed.
-  int u = warp;
-  DecodeUnit<kNT> first, second;
-  if (u < units) load(first, u);
-  if (u + kDecodeWarps < units) load(second, u + kDecodeWarps);
-  while (u < units) {
-    compute(first, u);
-    if (u + 2 * kDecodeWarps < units) load(first, u + 2 * kDecodeWarps);
-    u += kDecodeWarps;
-    if (u >= units) break;
-    compute(second, u);
-    if (u + 2 * kDecodeWarps < units) load(second, u + 2 * kDecodeWarps);
-    u += kDecodeWarps;
+  // Two jobs in flight per thread (16 loads of 16 bytes), then both computed. Measured faster
+  // than a ring that reloads each unit as soon as it is computed (bench/cuda/NOTES.md).
+  int j = warp;
+  for (; j + kDecodeWarps < jobs; j += 2 * kDecodeWarps) {
+    DecodeUnit<kNT> r0, r1;
+    load(r0, j);
+    load(r1, j + kDecodeWarps);
+    consume(r0, j);
+    consume(r1, j + kDecodeWarps);
   }
-
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        partial[warp][((mt * kNT + nt) * 4 + c) * 32 + lane] = acc[mt][nt][c];
+  if (j < jobs) {
+    DecodeUnit<kNT> r;
+    load(r, j);
+    consume(r, j);
+  }
+  if (slice < p.slices) flush();
   __syncthreads();
 
-  // Value j of a warp's accumulators: m tile, token tile, register c, lane.
-  const auto where = [&](int j, int& col, int& token) {
-    const int l = j & 31, c = (j >> 5) & 3, nt = (j >> 7) % kNT, mt = j / (kNT * 128);
-    col = n0 + (kGated ? 0 : 16 * mt) + (l >> 2) + 8 * (c >> 1);
+  // Value v of a warp's accumulators for one slice: m tile, token tile, register c, lane.
+  const auto where = [&](int v, int s, int& col, int& token) {
+    const int l = v & 31, c = (v >> 5) & 3, nt = (v >> 7) % kNT, mt = v / (kNT * 128);
+    col = n0 + s * kSliceCols + (kGated ? 0 : 16 * mt) + (l >> 2) + 8 * (c >> 1);
     token = nt * 8 + 2 * (l & 3) + (c & 1);
   };
-  const auto total = [&](int j) {
-    float s = 0.0f;
+  const auto total = [&](int s, int v) {
+    float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) s += partial[w][j];
-    return s;
+    for (int w = 0; w < kDecodeWarps; ++w) sum += partial[w][s][v];
+    return sum;
   };
   const auto tensor_scale = [&](int part_index, int col, int64_t row) {
     if constexpr (kFp8 && !kPerBlock) {
@@ -228,24 +276,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kNT == 1 ? 2 : 1) decode_kerne
     }
     return 1.0f;
   };
-  if constexpr (kGated) {
-    for (int j = tid; j < kValues / 2; j += kDecodeThreads) {
-      int col, token;
-      where(j, col, token);
-      if (col >= p.n || token >= tile.rows) continue;
-      const int64_t row = tile.row0 + token;
-      const float gate = total(j) * tensor_scale(0, col, row);
-      const float up = total(j + kValues / 2) * tensor_scale(1, col, row);
+  constexpr int kOut = kGated ? kValues / 2 : kValues;  // outputs per slice
+  for (int i = tid; i < kOut * p.slices; i += kDecodeThreads) {
+    const int s = i / kOut, v = i % kOut;
+    int col, token;
+    where(v, s, col, token);
+    if (col >= p.n || token >= tile.rows) continue;
+    const int64_t row = tile.row0 + token;
+    if constexpr (kGated) {
+      const float gate = total(s, v) * tensor_scale(0, col, row);
+      const float up = total(s, v + kValues / 2) * tensor_scale(1, col, row);
       store_activation(p, row * p.n + col, activate(p.activation, gate, up), kElem == Elem::bf16);
-    }
-  } else {
-    for (int j = tid; j < kValues; j += kDecodeThreads) {
-      int col, token;
-      where(j, col, token);
-      if (col >= p.n || token >= tile.rows) continue;
-      const int64_t row = tile.row0 + token;
+    } else {
       const float weight = p.route_weight == nullptr ? 1.0f : __ldg(p.route_weight + row);
-      static_cast<float*>(p.out)[row * p.n + col] = weight * (total(j) * tensor_scale(0, col, row));
+      static_cast<float*>(p.out)[row * p.n + col] =
+          weight * (total(s, v) * tensor_scale(0, col, row));
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "runner/cuda/gemm/gemm_kernels.cuh"
@@ -15,6 +16,13 @@ namespace {
 using detail::Elem;
 
 constexpr int kMaxGridY = 65535;
+
+// Rows per hit expert up to which decode beats prefill, measured on the H200 over the
+// DeepSeek-V3 and Qwen3-30B-A3B cases (bench/cuda/NOTES.md): with 16-bit weights the prefill
+// kernel's cp.async pipeline streams the weights as fast as decode from 3 rows on; with e4m3 the
+// prefill kernel's conversions to f16 cost more, and decode stays ahead longer.
+constexpr int64_t kDecodeMaxRows16 = 2;
+constexpr int64_t kDecodeMaxRowsFp8 = 4;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -90,12 +98,14 @@ bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
   return per_block;
 }
 
-void launch(const Shape& s, const detail::Params& p, bool per_block, int64_t rows,
+void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
             const GemmChoice& choice, cudaStream_t stream) {
+  const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
+  p.slices = choice.kernel == GemmKernel::decode ? slices : 1;
   const int bytes = s.elem == Elem::e4m3 ? 1 : 2;
   const bool vec = static_cast<int64_t>(s.k) * bytes % 16 == 0 && aligned16(p.a) &&
                    aligned16(p.w) && aligned16(p.out);
-  detail::Variant v{s.gated, vec, per_block, 1};
+  const detail::Variant v{s.gated, vec, per_block};
   dim3 grid;
   int64_t tiles;
   if (choice.kernel == GemmKernel::prefill) {
@@ -114,14 +124,17 @@ void launch(const Shape& s, const detail::Params& p, bool per_block, int64_t row
                     ceil_div(s.n, s.gated ? detail::kPrefillCols / 2 : detail::kPrefillCols)),
                 static_cast<unsigned>(tiles));
   } else {
-    if (choice.token_tile != 8 && choice.token_tile != 16 && choice.token_tile != 32) {
-      bad(std::string(s.who) + ".choice: decode takes token_tile 8, 16 or 32, not " +
+    if (choice.token_tile != detail::kDecodeRows) {
+      bad(std::string(s.who) + ".choice: decode takes token_tile 8, not " +
           std::to_string(choice.token_tile));
     }
-    v.token_tiles = choice.token_tile / 8;
-    tiles = detail::max_tiles(rows, p.num_experts, vec ? choice.token_tile : 8);
-    grid =
-        dim3(static_cast<unsigned>(ceil_div(s.n, s.gated ? 16 : 32)), static_cast<unsigned>(tiles));
+    tiles = detail::max_tiles(rows, p.num_experts, detail::kDecodeRows);
+    if (slices < 1 || slices > detail::kDecodeMaxSlices) {
+      bad(std::string(s.who) + ".choice: decode takes 1 to " +
+          std::to_string(detail::kDecodeMaxSlices) + " slices, not " + std::to_string(slices));
+    }
+    grid = dim3(static_cast<unsigned>(ceil_div(s.n, (s.gated ? 16 : 32) * slices)),
+                static_cast<unsigned>(tiles));
   }
   if (tiles > kMaxGridY) {
     bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(tiles) +
@@ -168,19 +181,29 @@ void check_common(const char* who, const void* a, const void* w, const void* out
 }  // namespace
 
 std::string GemmChoice::str() const {
-  return std::string(kernel == GemmKernel::prefill ? "prefill" : "decode") + "/" +
-         std::to_string(token_tile);
+  if (kernel == GemmKernel::prefill) return "prefill/" + std::to_string(token_tile);
+  return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
+         std::to_string(gemm2_slices);
 }
 
 GemmChoice choose_gemm(const GemmProblem& problem) {
   const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(problem.num_experts, problem.rows));
   const int64_t per_expert = ceil_div(std::max<int64_t>(problem.rows, 1), hit);
-  const int per16 = problem.dtype == DType::f8e4m3 ? 16 : 8;
+  const bool fp8 = problem.dtype == DType::f8e4m3;
+  const int per16 = fp8 ? 16 : 8;
   const bool aligned = problem.hidden % per16 == 0 && problem.intermediate % per16 == 0;
-  if (!aligned || per_expert <= 24) {
-    return {GemmKernel::decode, per_expert <= 8 ? 8 : per_expert <= 16 ? 16 : 32};
+  if (!aligned || per_expert <= (fp8 ? kDecodeMaxRowsFp8 : kDecodeMaxRows16)) {
+    // CTAs of one slice each: column tiles times the row tiles of the experts hit.
+    const int64_t row_tiles = hit + problem.rows / detail::kDecodeRows;
+    const int64_t two_waves = 2 * 2 * std::max(problem.sm_count, 1);
+    const auto slices = [&](int64_t cols, int slice_cols) {
+      const int64_t ctas = ceil_div(cols, slice_cols) * row_tiles;
+      return static_cast<int>(std::clamp<int64_t>(ctas / two_waves, 1, detail::kDecodeMaxSlices));
+    };
+    return {GemmKernel::decode, detail::kDecodeRows, slices(problem.intermediate, 16),
+            slices(problem.hidden, 32)};
   }
-  return {GemmKernel::prefill, detail::kPrefillRows};
+  return {GemmKernel::prefill, detail::kPrefillRows, 1, 1};
 }
 
 void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {

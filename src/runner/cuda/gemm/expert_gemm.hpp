@@ -29,14 +29,17 @@
 
 namespace moekit::cuda_gemm {
 
-// decode: many CTAs per expert, each streaming a slice of the weight rows over all of K once
-// for a tile of up to token_tile rows (8, 16 or 32); made for few rows per expert.
+// decode: many CTAs per expert, each streaming 32 weight rows over all of K once for a tile of
+// up to 8 rows; made for a few rows per expert.
 // prefill: tensor-core tiles of 64 rows x 128 weight rows with a cp.async pipeline.
 enum class GemmKernel : uint8_t { decode, prefill };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::decode;
-  int token_tile = 8;  // rows of one expert per CTA: decode 8, 16 or 32; prefill 64
+  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill 64
+  // decode: slices of 32 weight rows each CTA takes in turn (1 to 4), for GEMM1 and GEMM2.
+  int gemm1_slices = 1;
+  int gemm2_slices = 1;
   std::string str() const;
 };
 
@@ -51,11 +54,11 @@ struct GemmProblem {
   int sm_count = 132;
 };
 
-// The kernel and tile for a problem. Decode while an expert hit by the batch gets at most
-// about 24 rows on average (rows / min(E, rows)): there the weights dominate and the decode
-// kernel reads them once at the memory's speed; prefill beyond, where the tensor-core tiles
-// reuse each weight tile over 64 rows. Prefill also needs 16-byte aligned rows (H and I
-// multiples of 8 for 16-bit formats, of 16 for e4m3); other shapes run on decode.
+// The kernel and tile for a problem, from the rows an expert hit by the batch gets on average
+// (rows / min(E, rows)): decode up to 2 (16-bit) or 4 (e4m3) rows, prefill beyond, both as
+// measured on the H200 (bench/cuda/NOTES.md). Prefill also needs 16-byte aligned rows (H and I
+// multiples of 8 for 16-bit formats, of 16 for e4m3); other shapes run on decode. Decode's
+// slices per CTA: as many as keep at least two waves of CTAs (two per SM) busy, up to 4.
 GemmChoice choose_gemm(const GemmProblem& problem);
 
 // fp8 scales. Weights: the grid docs/QUANTIZATION.md defines, [E, parts * ceil(N / block_rows),

@@ -21,16 +21,14 @@ inline constexpr int kElemBytes = kElem == Elem::e4m3 ? 1 : 2;
 // e4m3 mma.sync runs on Ada's fp8 tensor cores (sm_89). On sm_90 ptxas accepts it but lowers it
 // to f16 mma with conversions of its own (Hopper's fp8 tensor cores are reached by wgmma only,
 // the `hopper` runner's business), and sm_80 has no e4m3 at all: there the kernels convert
-// e4m3 to f16 in registers themselves, in three integer operations per pair.
+// each fragment to f16 once (not once per mma it feeds) and run f16 mma.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && __CUDA_ARCH__ < 900
 #define MOEKIT_GEMM_E4M3_MMA 1
 #else
 #define MOEKIT_GEMM_E4M3_MMA 0
 #endif
 
-// The e4m3 -> f16 conversion keeps the 7 exponent and mantissa bits and moves them under the
-// f16 exponent: exact for every finite e4m3 value (subnormals included) and 2^-8 times it, so a
-// product of two converted values is 2^-16 times the true one; the scales put it back.
+// sm_80's e4m3 -> f16 conversion gives 2^-8 times the value (e4m3x2_as_f16x2).
 inline constexpr float kE4m3AsF16Product = 65536.0f;
 
 struct Params {
@@ -53,6 +51,7 @@ struct Params {
   int as_cols;     // activation scales per row (0: one static scale)
   int as_kb_step;  // 1 for per row per 128 columns
   int parts;       // 2 for w13 (gate, up), 1 for w2
+  int slices;      // decode: slices of 32 weight rows per CTA
   bool out_f32;
   Activation activation;
 };
@@ -72,39 +71,61 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4
   }
 }
 
-// e4m3 bytes 0,1 (lo) or 2,3 (hi) of a word as an f16 pair, each 2^-8 times its value.
+// e4m3 bytes 0,1 (lo) or 2,3 (hi) of a word as an f16 pair. sm_89 and later convert in one
+// instruction. sm_80 moves the 7 exponent and mantissa bits under the f16 exponent: exact for
+// every finite e4m3 value (subnormals included) and 2^-8 times it, so a product of two is
+// 2^-16 times the true one, which e4m3_product_factor puts back.
 __device__ __forceinline__ uint32_t e4m3x2_as_f16x2(uint32_t word, bool hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint16_t pair = static_cast<uint16_t>(hi ? word >> 16 : word & 0xFFFFu);
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(pair));
+  return d;
+#else
   const uint32_t p = __byte_perm(word, 0u, hi ? 0x3424u : 0x1404u);
   return (p & 0x80008000u) | ((p >> 1) & 0x3F803F80u);
-}
-
-// One k32 step of e4m3: a holds rows g and g + 8 at k 4q..4q+3 (a[0], a[1]) and 16+4q.. (a[2],
-// a[3]); b holds column g at the same k. Without e4m3 mma the step is two f16 k16 steps over a
-// permutation of its k (the same for a and b, so the sum is the same).
-__device__ __forceinline__ void mma_e4m3_k32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-#if MOEKIT_GEMM_E4M3_MMA
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  const uint32_t lo[4] = {e4m3x2_as_f16x2(a[0], false), e4m3x2_as_f16x2(a[1], false),
-                          e4m3x2_as_f16x2(a[0], true), e4m3x2_as_f16x2(a[1], true)};
-  mma_16x8x16(c, lo, e4m3x2_as_f16x2(b0, false), e4m3x2_as_f16x2(b0, true), false);
-  const uint32_t hi[4] = {e4m3x2_as_f16x2(a[2], false), e4m3x2_as_f16x2(a[3], false),
-                          e4m3x2_as_f16x2(a[2], true), e4m3x2_as_f16x2(a[3], true)};
-  mma_16x8x16(c, hi, e4m3x2_as_f16x2(b1, false), e4m3x2_as_f16x2(b1, true), false);
 #endif
 }
 
 // What the accumulators of an e4m3 GEMM must be multiplied by besides the scales.
 __device__ __forceinline__ float e4m3_product_factor() {
-#if MOEKIT_GEMM_E4M3_MMA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   return 1.0f;
 #else
   return kE4m3AsF16Product;
 #endif
+}
+
+// An e4m3 k32 A fragment (rows g and g + 8 at k 4q..4q+3 in a[0], a[1] and at 16+4q.. in a[2],
+// a[3]) as two f16 k16 fragments over a permutation of its k; e4m3_b_as_f16 permutes a B
+// fragment's k the same way, so the sums are the same.
+__device__ __forceinline__ void e4m3_a_as_f16(const uint32_t (&a)[4], uint32_t (&first)[4],
+                                              uint32_t (&second)[4]) {
+  first[0] = e4m3x2_as_f16x2(a[0], false);
+  first[1] = e4m3x2_as_f16x2(a[1], false);
+  first[2] = e4m3x2_as_f16x2(a[0], true);
+  first[3] = e4m3x2_as_f16x2(a[1], true);
+  second[0] = e4m3x2_as_f16x2(a[2], false);
+  second[1] = e4m3x2_as_f16x2(a[3], false);
+  second[2] = e4m3x2_as_f16x2(a[2], true);
+  second[3] = e4m3x2_as_f16x2(a[3], true);
+}
+
+// The B half of e4m3_a_as_f16: b0 (k 4q..4q+3) gives the first k16 fragment, b1 the second.
+__device__ __forceinline__ void e4m3_b_as_f16(uint32_t b0, uint32_t b1, uint32_t (&b)[2][2]) {
+  b[0][0] = e4m3x2_as_f16x2(b0, false);
+  b[0][1] = e4m3x2_as_f16x2(b0, true);
+  b[1][0] = e4m3x2_as_f16x2(b1, false);
+  b[1][1] = e4m3x2_as_f16x2(b1, true);
+}
+
+// One k32 step of e4m3 on Ada's fp8 tensor cores.
+__device__ __forceinline__ void mma_e4m3_k32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float activate(const Activation& act, float gate, float up) {

@@ -9,42 +9,30 @@ namespace moekit::cuda_gemm::detail {
 
 struct Variant {
   bool gated;
-  bool vec;         // rows 16-byte aligned
-  bool per_block;   // fp8 scales per 128 columns of K
-  int token_tiles;  // decode: 1, 2 or 4 tiles of 8 rows
+  bool vec;        // rows 16-byte aligned
+  bool per_block;  // fp8 scales per 128 columns of K
 };
 
-template <Elem kElem, int kNT, bool kGated, bool kVec>
-void launch_decode_nt(const Params& p, bool per_block, dim3 grid, cudaStream_t stream) {
+template <Elem kElem, bool kGated, bool kVec>
+void launch_decode_variant(const Params& p, bool per_block, dim3 grid, cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (per_block) {
-      decode_kernel<kElem, kNT, kGated, kVec, true><<<grid, kDecodeThreads, 0, stream>>>(p);
+      decode_kernel<kElem, kGated, kVec, true><<<grid, kDecodeThreads, 0, stream>>>(p);
       return;
     }
   }
-  decode_kernel<kElem, kNT, kGated, kVec, false><<<grid, kDecodeThreads, 0, stream>>>(p);
-}
-
-template <Elem kElem, bool kGated>
-void launch_decode_gated(const Params& p, const Variant& v, dim3 grid, cudaStream_t stream) {
-  if (!v.vec) {
-    // Rows that are not 16-byte aligned: odd shapes only, one tile width.
-    launch_decode_nt<kElem, 1, kGated, false>(p, v.per_block, grid, stream);
-  } else if (v.token_tiles == 1) {
-    launch_decode_nt<kElem, 1, kGated, true>(p, v.per_block, grid, stream);
-  } else if (v.token_tiles == 2) {
-    launch_decode_nt<kElem, 2, kGated, true>(p, v.per_block, grid, stream);
-  } else {
-    launch_decode_nt<kElem, 4, kGated, true>(p, v.per_block, grid, stream);
-  }
+  decode_kernel<kElem, kGated, kVec, false><<<grid, kDecodeThreads, 0, stream>>>(p);
 }
 
 template <Elem kElem>
 void launch_decode(const Params& p, const Variant& v, dim3 grid, cudaStream_t stream) {
+  // Rows that are not 16-byte aligned (odd shapes only) take element-wise loads.
   if (v.gated) {
-    launch_decode_gated<kElem, true>(p, v, grid, stream);
+    v.vec ? launch_decode_variant<kElem, true, true>(p, v.per_block, grid, stream)
+          : launch_decode_variant<kElem, true, false>(p, v.per_block, grid, stream);
   } else {
-    launch_decode_gated<kElem, false>(p, v, grid, stream);
+    v.vec ? launch_decode_variant<kElem, false, true>(p, v.per_block, grid, stream)
+          : launch_decode_variant<kElem, false, false>(p, v.per_block, grid, stream);
   }
 }
 

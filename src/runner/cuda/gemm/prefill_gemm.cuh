@@ -167,16 +167,32 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Param
         b[f + 1][0] = t[2];
         b[f + 1][1] = t[3];
       }
+      if constexpr (kFp8 && !MOEKIT_GEMM_E4M3_MMA) {
+        uint32_t a16[2][2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt) e4m3_a_as_f16(a[mt], a16[mt][0], a16[mt][1]);
 #pragma unroll
         for (int f = 0; f < 8; ++f) {
-          if constexpr (kFp8) {
-            mma_e4m3_k32(sum[mt][f], a[mt], b[f][0], b[f][1]);
-          } else {
-            mma_16x8x16(sum[mt][f], a[mt], b[f][0], b[f][1], kElem == Elem::bf16);
+          uint32_t b16[2][2];
+          e4m3_b_as_f16(b[f][0], b[f][1], b16);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16x8x16(sum[mt][f], a16[mt][0], b16[0][0], b16[0][1], false);
+            mma_16x8x16(sum[mt][f], a16[mt][1], b16[1][0], b16[1][1], false);
           }
         }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int f = 0; f < 8; ++f) {
+            if constexpr (kFp8) {
+              mma_e4m3_k32(sum[mt][f], a[mt], b[f][0], b[f][1]);
+            } else {
+              mma_16x8x16(sum[mt][f], a[mt], b[f][0], b[f][1], kElem == Elem::bf16);
+            }
+          }
+      }
     }
 
     if constexpr (kPerBlock) {
