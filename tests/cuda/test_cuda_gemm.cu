@@ -32,21 +32,30 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGemm, ::testing::ValuesIn(all_cases()),
                            return info.param.name;
                          });
 
-TEST(CudaGemmChoice, DecodeForFewRowsPerExpertPrefillForMany) {
-  // DeepSeek-V3 (E=256, k=8) at T = 1, 64 and 4096.
-  EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
-  EXPECT_EQ(choose_gemm({DType::bf16, 512, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
+TEST(CudaGemmChoice, Fp8DecodesUpToFourRowsPerExpert) {
+  // DeepSeek-V3 (E=256, k=8) at T = 1, 64 and 4096; Qwen3-30B-A3B (E=128) at T = 64 and 512.
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 512, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).kernel, GemmKernel::prefill);
-  // Qwen3-30B-A3B (E=128, k=8) at T = 64: 4 rows per expert.
-  EXPECT_EQ(choose_gemm({DType::bf16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 512, 128, 2048, 768, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 4096, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
 }
 
-TEST(CudaGemmChoice, DecodeSlicesGrowWithTheCtasABatchGives) {
+TEST(CudaGemmChoice, SixteenBitDecodesOnlyWherePrefillWouldLeaveSmsIdle) {
+  // DeepSeek-V3 at T = 1: 32 column tiles x 8 experts on prefill, more CTAs than SMs.
+  EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::prefill);
+  // Qwen3-30B-A3B at T = 1: 12 x 8 = 96 CTAs.
+  const auto qwen_t1 = choose_gemm({DType::bf16, 8, 128, 2048, 768, 132});
+  EXPECT_EQ(qwen_t1.kernel, GemmKernel::decode);
+  EXPECT_EQ(qwen_t1.gemm1_slices, 1);
+  EXPECT_EQ(choose_gemm({DType::f16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
+}
+
+TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
   // 264 twice over; at T = 8 (64 rows) more than enough for 4.
-  EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).gemm1_slices, 2);
-  EXPECT_EQ(choose_gemm({DType::bf16, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 8, 256, 7168, 2048, 132}).gemm1_slices, 2);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
 }
 
 TEST(CudaGemmChoice, RowsThatAreNotSixteenByteAlignedRunOnDecode) {

@@ -17,11 +17,14 @@ using detail::Elem;
 
 constexpr int kMaxGridY = 65535;
 
-// Rows per hit expert up to which decode beats prefill, measured on the H200 over the
-// DeepSeek-V3 and Qwen3-30B-A3B cases (bench/cuda/NOTES.md): with 16-bit weights the prefill
-// kernel's cp.async pipeline streams the weights as fast as decode from 3 rows on; with e4m3 the
-// prefill kernel's conversions to f16 cost more, and decode stays ahead longer.
-constexpr int64_t kDecodeMaxRows16 = 2;
+// The heuristic's thresholds, from the H200 measurements in bench/cuda/NOTES.md (run 3):
+// - e4m3: decode (f16 mma after in-register conversion) beats prefill up to 4 rows per hit
+//   expert (DeepSeek-V3 T <= 64, Qwen3-30B-A3B T <= 64), prefill beyond (Qwen3 T = 512: 3x).
+// - 16-bit: prefill's cp.async pipeline streams the weights faster than decode at every batch
+//   measured (DeepSeek-V3 T = 1: 189 against 198 us) except where its grid leaves SMs idle
+//   (Qwen3-30B-A3B T = 1: 96 CTAs, 39.4 against 36.1 us).
+// - decode's slices: e4m3 gains from them (DeepSeek-V3 T = 64: 2597 against 2906 us); 16-bit
+//   loses (5537 against 5104 us), so 16-bit decode takes one slice per CTA.
 constexpr int64_t kDecodeMaxRowsFp8 = 4;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -187,23 +190,27 @@ std::string GemmChoice::str() const {
 }
 
 GemmChoice choose_gemm(const GemmProblem& problem) {
-  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(problem.num_experts, problem.rows));
-  const int64_t per_expert = ceil_div(std::max<int64_t>(problem.rows, 1), hit);
+  const int64_t rows = std::max<int64_t>(problem.rows, 1);
+  const int64_t hit = std::min<int64_t>(std::max(problem.num_experts, 1), rows);
+  const int64_t per_expert = ceil_div(rows, hit);
+  const int64_t sms = std::max(problem.sm_count, 1);
   const bool fp8 = problem.dtype == DType::f8e4m3;
   const int per16 = fp8 ? 16 : 8;
   const bool aligned = problem.hidden % per16 == 0 && problem.intermediate % per16 == 0;
-  if (!aligned || per_expert <= (fp8 ? kDecodeMaxRowsFp8 : kDecodeMaxRows16)) {
-    // CTAs of one slice each: column tiles times the row tiles of the experts hit.
-    const int64_t row_tiles = hit + problem.rows / detail::kDecodeRows;
-    const int64_t two_waves = 2 * 2 * std::max(problem.sm_count, 1);
-    const auto slices = [&](int64_t cols, int slice_cols) {
-      const int64_t ctas = ceil_div(cols, slice_cols) * row_tiles;
-      return static_cast<int>(std::clamp<int64_t>(ctas / two_waves, 1, detail::kDecodeMaxSlices));
-    };
-    return {GemmKernel::decode, detail::kDecodeRows, slices(problem.intermediate, 16),
-            slices(problem.hidden, 32)};
-  }
-  return {GemmKernel::prefill, detail::kPrefillRows, 1, 1};
+  // GEMM1's CTAs on prefill: column tiles of 64 times the experts' row tiles of 64.
+  const int64_t prefill_ctas = ceil_div(problem.intermediate, detail::kPrefillCols / 2) *
+                               detail::max_tiles(rows, static_cast<int>(hit), detail::kPrefillRows);
+  const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
+  if (!decode) return {GemmKernel::prefill, detail::kPrefillRows, 1, 1};
+  if (!fp8) return {GemmKernel::decode, detail::kDecodeRows, 1, 1};
+  // As many slices as leave two waves of CTAs (two per SM), from the bound on the row tiles.
+  const int64_t row_tiles = detail::max_tiles(rows, static_cast<int>(hit), detail::kDecodeRows);
+  const auto slices = [&](int64_t cols, int slice_cols) {
+    const int64_t ctas = ceil_div(cols, slice_cols) * row_tiles;
+    return static_cast<int>(std::clamp<int64_t>(ctas / (4 * sms), 1, detail::kDecodeMaxSlices));
+  };
+  return {GemmKernel::decode, detail::kDecodeRows, slices(problem.intermediate, 16),
+          slices(problem.hidden, 32)};
 }
 
 void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {

@@ -54,11 +54,14 @@ struct GemmProblem {
   int sm_count = 132;
 };
 
-// The kernel and tile for a problem, from the rows an expert hit by the batch gets on average
-// (rows / min(E, rows)): decode up to 2 (16-bit) or 4 (e4m3) rows, prefill beyond, both as
-// measured on the H200 (bench/cuda/NOTES.md). Prefill also needs 16-byte aligned rows (H and I
-// multiples of 8 for 16-bit formats, of 16 for e4m3); other shapes run on decode. Decode's
-// slices per CTA: as many as keep at least two waves of CTAs (two per SM) busy, up to 4.
+// The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
+// - e4m3: decode while an expert hit by the batch gets at most 4 rows on average
+//   (rows / min(E, rows)), with as many slices per CTA (up to 4) as leave two waves of CTAs;
+//   prefill beyond.
+// - bf16/f16: prefill, unless its GEMM1 grid would give fewer CTAs than the device has SMs
+//   (tiny layers at T = 1): then decode, one slice per CTA.
+// - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
+//   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
 
 // fp8 scales. Weights: the grid docs/QUANTIZATION.md defines, [E, parts * ceil(N / block_rows),
