@@ -11,6 +11,9 @@
 
 #include "moekit/dtype.hpp"
 
+// CUDA's stream (cudaStream_t is CUstream_st*), declared so that this header needs no CUDA header.
+struct CUstream_st;
+
 namespace moekit {
 
 enum class DeviceKind : uint8_t { cpu, cuda };
@@ -69,11 +72,12 @@ struct TensorView {
   TensorView narrow(int axis, int64_t first, int64_t count) const;
 };
 
-// Owning, aligned memory on one device. Move-only.
+// Owning, aligned memory on one device (cudaMalloc on cuda:N). Move-only.
 class Buffer {
  public:
   Buffer() = default;
-  // Throws out_of_memory when the allocation fails, invalid_argument for an unusable device.
+  // Throws out_of_memory when the allocation fails, invalid_argument for an unusable device
+  // (a GPU that is absent, or any GPU in a build without CUDA).
   static Buffer allocate(Device device, int64_t bytes);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -86,6 +90,7 @@ class Buffer {
   Device device() const { return device_; }
 
  private:
+  void release() noexcept;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_;
@@ -103,12 +108,21 @@ class Tensor {
   T* data() const {
     return view_.as<T>();
   }
-  // Fills every byte (test poisoning, zeroing).
+  // Fills every byte (test poisoning, zeroing); on a GPU it returns once the bytes are written.
   void fill_bytes(uint8_t value);
 
  private:
   Buffer buffer_;
   TensorView view_;
 };
+
+// Copies src into dst: the same dtype and shape, both contiguous, each on the CPU or a GPU.
+// Returns when the copy is complete. Throws invalid_argument naming the mismatch.
+void copy(const TensorView& dst, const TensorView& src);
+// Enqueues the same copy on `stream` (nullptr: the default stream) and returns; the caller
+// keeps both tensors alive until the stream reaches it. A copy to or from pageable host memory
+// may complete before it returns, as cudaMemcpyAsync does; a copy between host tensors is done
+// at once.
+void copy_async(const TensorView& dst, const TensorView& src, CUstream_st* stream);
 
 }  // namespace moekit
