@@ -2,6 +2,7 @@
 // What the machine offers. Probed in one place (Platform::probe); resolve() takes it as an input,
 // so tests can ask what a plan would be on a machine they do not run on.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,9 @@ struct GpuInfo {
   int compute_major = 0;
   int compute_minor = 0;
   std::string name;
+  int sm_count = 0;
+  int64_t memory_bytes = 0;  // global memory
+  int64_t l2_bytes = 0;
 };
 
 struct Platform {
@@ -28,6 +32,9 @@ struct Platform {
   bool avx512_vnni = false;
   std::vector<GpuInfo> gpus;
   bool cuda_runtime = false;  // this build of moekit links a CUDA runtime
+  // Why `gpus` is empty in a build with a CUDA runtime (the runtime's answer: no driver, no
+  // device); empty otherwise.
+  std::string gpu_note;
 
   static Platform probe();
   static Platform cpu_only(int threads);

@@ -72,11 +72,12 @@ struct TensorView {
   TensorView narrow(int axis, int64_t first, int64_t count) const;
 };
 
-// Owning, aligned memory on one device. Move-only.
+// Owning, aligned memory on one device (cudaMalloc on cuda:N). Move-only.
 class Buffer {
  public:
   Buffer() = default;
-  // Throws out_of_memory when the allocation fails, invalid_argument for an unusable device.
+  // Throws out_of_memory when the allocation fails, invalid_argument for an unusable device
+  // (a GPU that is absent, or any GPU in a build without CUDA).
   static Buffer allocate(Device device, int64_t bytes);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -89,6 +90,7 @@ class Buffer {
   Device device() const { return device_; }
 
  private:
+  void release() noexcept;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_;
@@ -106,7 +108,7 @@ class Tensor {
   T* data() const {
     return view_.as<T>();
   }
-  // Fills every byte (test poisoning, zeroing).
+  // Fills every byte (test poisoning, zeroing); on a GPU it returns once the bytes are written.
   void fill_bytes(uint8_t value);
 
  private:

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/cuda_device.hpp"
+
 namespace moekit {
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -61,9 +63,11 @@ Platform Platform::probe() {
   platform.avx512_bf16 = probe_avx512_bf16();
   platform.avx512_vnni = probe_avx512_vnni();
 #endif
-  // This build links no CUDA runtime, so it cannot see or use a GPU; the GPU runners that would
-  // need one are not built either, and resolve() says so.
-  platform.cuda_runtime = false;
+  // A build without a CUDA runtime cannot see or use a GPU; the GPU runners that would need one
+  // are not built either, and resolve() says so. With one, a machine without a driver or GPU
+  // answers none, and gpu_note says why.
+  platform.cuda_runtime = cuda_device::built_with_cuda();
+  if (platform.cuda_runtime) platform.gpus = cuda_device::probe(platform.gpu_note);
   return platform;
 }
 
@@ -99,10 +103,13 @@ std::string Platform::summary() const {
   if (avx512_bf16) text += ", AVX-512 BF16";
   if (avx512_vnni) text += ", AVX-512 VNNI";
   if (!cuda_runtime) return text + "; no CUDA runtime in this build";
-  if (gpus.empty()) return text + "; no GPU";
+  if (gpus.empty()) return text + (gpu_note.empty() ? "; no GPU" : "; no GPU: " + gpu_note);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   for (const GpuInfo& gpu : gpus) {
-    text += fmt::format("; GPU {} {} (sm_{}{})", gpu.index, gpu.name, gpu.compute_major,
-                        gpu.compute_minor);
+    text += fmt::format("; GPU {} {} (sm_{}{}, {} SMs, {:.1f} GiB, L2 {:.0f} MiB)", gpu.index,
+                        gpu.name, gpu.compute_major, gpu.compute_minor, gpu.sm_count,
+                        static_cast<double>(gpu.memory_bytes) / kGiB,
+                        static_cast<double>(gpu.l2_bytes) / (1024.0 * 1024.0));
   }
   return text;
 }

@@ -7,6 +7,7 @@
 
 #include <sys/mman.h>
 
+#include "core/cuda_device.hpp"
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -122,13 +123,16 @@ TensorView TensorView::narrow(int axis, int64_t first, int64_t count) const {
 
 Buffer Buffer::allocate(Device device, int64_t bytes) {
   if (bytes < 0) fail(Errc::internal, "negative allocation of {} bytes", bytes);
-  if (device.kind != DeviceKind::cpu) {
-    fail(Errc::invalid_argument, "cannot allocate on {}: this build of moekit has no CUDA runtime",
-         device.str());
-  }
   Buffer buffer;
   buffer.device_ = device;
   buffer.bytes_ = bytes;
+  if (device.kind == DeviceKind::cuda) {
+    // A build without CUDA refuses even an empty buffer on a GPU: the device is unusable.
+    buffer.data_ = bytes == 0 && cuda_device::built_with_cuda()
+                       ? nullptr
+                       : cuda_device::allocate(device, bytes);
+    return buffer;
+  }
   if (bytes == 0) return buffer;
   // A cache line, and any SIMD load width; large buffers (expert weights, mostly) start on a
   // huge page and ask for huge pages: streaming them with 4 KiB pages costs a TLB miss per
@@ -152,7 +156,7 @@ Buffer::Buffer(Buffer&& other) noexcept
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    release();
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
@@ -161,7 +165,17 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 Buffer::~Buffer() {
-  std::free(data_);
+  release();
+}
+
+void Buffer::release() noexcept {
+  if (data_ == nullptr) return;
+  if (device_.kind == DeviceKind::cuda) {
+    cuda_device::release(device_, data_);
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
 }
 
 Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
@@ -176,24 +190,49 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
 }
 
 void Tensor::fill_bytes(uint8_t value) {
-  if (buffer_.bytes() > 0) std::memset(buffer_.data(), value, static_cast<size_t>(buffer_.bytes()));
+  if (buffer_.bytes() == 0) return;
+  if (buffer_.device().kind == DeviceKind::cuda) {
+    cuda_device::fill(buffer_.device(), buffer_.data(), value, buffer_.bytes());
+  } else {
+    std::memset(buffer_.data(), value, static_cast<size_t>(buffer_.bytes()));
+  }
 }
+
+namespace {
+
+void copy_tensor(const TensorView& dst, const TensorView& src, CUstream_st* stream, bool async) {
+  if (dst.dtype != src.dtype || !(dst.shape == src.shape)) {
+    fail(Errc::invalid_argument, "copy: destination {} and source {} differ in dtype or shape",
+         dst.describe(), src.describe());
+  }
+  if (!dst.is_contiguous() || !src.is_contiguous()) {
+    fail(Errc::invalid_argument,
+         "copy: both tensors must be contiguous, got destination {}{} and "
+         "source {}{}",
+         dst.describe(), dst.is_contiguous() ? "" : " (strided)", src.describe(),
+         src.is_contiguous() ? "" : " (strided)");
+  }
+  const int64_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  if (dst.data == nullptr || src.data == nullptr) {
+    fail(Errc::invalid_argument, "copy: {} has no data",
+         dst.data == nullptr ? "destination" : "source");
+  }
+  if (dst.device.kind == DeviceKind::cpu && src.device.kind == DeviceKind::cpu) {
+    std::memmove(dst.data, src.data, static_cast<size_t>(bytes));
+    return;
+  }
+  cuda_device::copy(dst.data, dst.device, src.data, src.device, bytes, stream, async);
+}
+
+}  // namespace
 
 void copy(const TensorView& dst, const TensorView& src) {
-  if (dst.dtype != src.dtype || !(dst.shape == src.shape) || !dst.is_contiguous() ||
-      !src.is_contiguous()) {
-    fail(Errc::invalid_argument, "copy: {} into {}: dtype and shape must match, both contiguous",
-         src.describe(), dst.describe());
-  }
-  if (dst.device.kind != DeviceKind::cpu || src.device.kind != DeviceKind::cpu) {
-    fail(Errc::invalid_argument, "copy: {} into {}: this build of moekit has no CUDA",
-         src.describe(), dst.describe());
-  }
-  if (src.nbytes() > 0) std::memcpy(dst.data, src.data, static_cast<size_t>(src.nbytes()));
+  copy_tensor(dst, src, nullptr, false);
 }
 
-void copy_async(const TensorView& dst, const TensorView& src, CUstream_st*) {
-  copy(dst, src);
+void copy_async(const TensorView& dst, const TensorView& src, CUstream_st* stream) {
+  copy_tensor(dst, src, stream, true);
 }
 
 }  // namespace moekit

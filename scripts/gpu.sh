@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The device script: on a machine with an NVIDIA GPU, configures with -DMOEKIT_CUDA=ON, builds,
+# runs the GPU tests (every test suite named Cuda*, the tests/cuda/ files) and
+# FAILS if any of them was skipped there or none ran, runs compute-sanitizer memcheck and
+# racecheck over the small GPU cases, then the GPU benchmark hook, and prints a short table
+# last. Logs and JSON go to $OUT (default build/gpu/out).
+#
+#   scripts/gpu.sh                 # from the repository root, or from anywhere
+#
+# Environment:
+#   OUT                  where logs and JSON go
+#   MOEKIT_DEBS          a folder of Debian packages (libgtest-dev libfmt-dev libfmt9
+#                        nlohmann-json3-dev libcli11-dev) unpacked into a prefix that CMake
+#                        searches first, for machines without those headers
+#   MOEKIT_GPU_FILTER    gtest filter of the GPU tests (default: suites named Cuda*)
+#   MOEKIT_SANITIZE_GPU  0 skips compute-sanitizer (default 1)
+#   MOEKIT_SANITIZER_FILTER  the small cases compute-sanitizer runs
+#   MOEKIT_GPU_BENCH     0 skips the benchmark hook (default 1)
+#
+# Hook for the benchmark: an executable bench/cuda/run.sh is run last as
+# `bench/cuda/run.sh BUILD_DIR OUT_DIR`; it writes its own JSON under OUT_DIR (at most 2 files:
+# what comes back from the device is limited to 8 files), and its last output line goes into
+# the table. Tests join through tests/cuda/ with suite names starting "Cuda".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=build/gpu
+out=${OUT:-$build/out}
+mkdir -p "$build" "$out"
+jobs=$(nproc)
+declare -a rows=()
+status=0
+row() { rows+=("$(printf '| %-12s | %-11s | %s' "$1" "$2" "$3")"); }
+
+cmake_flags=(-DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON)
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then cmake_flags+=(-G Ninja); fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+if [ -n "${MOEKIT_DEBS:-}" ]; then
+  prefix=$PWD/$build/deps
+  mkdir -p "$prefix"
+  for deb in "$MOEKIT_DEBS"/*.deb; do dpkg -x "$deb" "$prefix"; done
+  cmake_flags+=("-DCMAKE_PREFIX_PATH=$prefix/usr")
+  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+echo "== configure and build ($jobs jobs)"
+start=$(date +%s)
+if cmake -S . -B "$build" "${cmake_flags[@]}" >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$jobs" --target moekit_tests >>"$out/build.log" 2>&1; then
+  row build ok "$(($(date +%s) - start)) s, nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+else
+  tail -n 40 "$out/build.log"
+  row build FAILED "see build.log"
+  printf '%s\n' "${rows[@]}"
+  exit 1
+fi
+tests=$build/tests/moekit_tests
+
+echo "== GPU tests"
+filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
+"$tests" --gtest_filter="$filter" --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
+test_rc=$?
+grep -E '^\[  (FAILED|SKIPPED) ' "$out/gpu_tests.log" | sort -u | head -n 40
+summary=$(python3 - "$out/gpu_tests.json" <<'PY'
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"0 0 0 no-report:{e.__class__.__name__}")
+    sys.exit()
+ran = skipped = failed = 0
+for suite in report.get("testsuites", []):
+    for case in suite.get("testsuite", []):
+        if case.get("result") == "SKIPPED":
+            skipped += 1
+        else:
+            ran += 1
+            failed += 1 if case.get("failures") else 0
+print(ran, skipped, failed, "ok")
+PY
+)
+read -r ran skipped failed report <<<"$summary"
+if [ "$report" != ok ]; then
+  row "gpu tests" FAILED "no gtest report (exit $test_rc): see gpu_tests.log"
+  status=1
+elif [ "$test_rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$ran" -eq 0 ]; then
+  row "gpu tests" FAILED "$((ran - failed)) passed, $failed failed, $skipped skipped (a GPU test must not skip here)"
+  status=1
+else
+  row "gpu tests" ok "$ran passed, 0 skipped"
+fi
+
+if [ "${MOEKIT_SANITIZE_GPU:-1}" != 0 ]; then
+  small=${MOEKIT_SANITIZER_FILTER:-*Cuda*T1:*Cuda*T1_*:*Cuda*T3:*Cuda*T3_*:CudaFiniteStatus.*:CudaToPhysical.*:CudaGraph.*:CudaMemory.*}
+  : >"$out/sanitizer.log"
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool"
+    start=$(date +%s)
+    timeout "${MOEKIT_SANITIZER_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$tests" --gtest_filter="$small" >>"$out/sanitizer.log" 2>&1
+    rc=$?
+    took="$(($(date +%s) - start)) s"
+    if [ "$rc" -eq 124 ]; then
+      row "$tool" FAILED "over ${MOEKIT_SANITIZER_SECONDS:-150} s (sanitizer.log)"
+      status=1
+    elif [ "$rc" -eq 0 ]; then
+      row "$tool" ok "clean over $small ($took)"
+    elif grep -q -E 'Device not supported|Unable to find injection library|not supported on this' \
+      "$out/sanitizer.log"; then
+      row "$tool" unavailable "compute-sanitizer cannot attach on this machine (sanitizer.log)"
+    else
+      row "$tool" FAILED "exit $rc, see sanitizer.log"
+      status=1
+    fi
+  done
+fi
+
+if [ "${MOEKIT_GPU_BENCH:-1}" != 0 ] && [ -x bench/cuda/run.sh ]; then
+  echo "== GPU benchmark (bench/cuda/run.sh)"
+  if bench/cuda/run.sh "$build" "$out" >"$out/bench.log" 2>&1; then
+    row bench ok "$(tail -n 1 "$out/bench.log")"
+  else
+    tail -n 20 "$out/bench.log"
+    row bench FAILED "see bench.log"
+    status=1
+  fi
+fi
+
+python3 - "$out/gpu_summary.json" "$status" "${rows[@]}" <<'PY'
+import json, sys
+path, status, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+steps = []
+for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|", 2)]
+    steps.append({"step": cells[0], "result": cells[1], "detail": cells[2]})
+json.dump({"ok": status == 0, "steps": steps}, open(path, "w"), indent=2)
+PY
+echo
+echo "| step         | result      | detail"
+printf '%s\n' "${rows[@]}"
+exit "$status"

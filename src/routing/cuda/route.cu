@@ -1,0 +1,314 @@
+#include <string>
+
+#include "core/cuda_common.cuh"
+#include "routing/cuda/route.hpp"
+
+// One warp routes one token: the scores live in the warp's slice of shared memory, and each of
+// the top-k (and top-group) picks is a warp-wide arg-max, so no block-wide barrier is needed and
+// a block holds several tokens.
+
+namespace moekit::routing::cuda {
+namespace {
+
+using cuda_common::kFullMask;
+
+constexpr int kMaxTopK = 32;  // one lane keeps each pick
+constexpr int kWarpsPerBlock = 4;
+constexpr int kSharedLimit = 48 * 1024;
+
+struct RouteParams {
+  const void* logits;
+  DType dtype;
+  int64_t tokens;
+  int n_experts;
+  Scoring scoring;
+  int top_k;
+  int n_group;
+  int topk_group;
+  GroupScore group_score;
+  bool renormalize;
+  float scaling;
+  const float* bias;
+  int32_t* ids;
+  float* weights;
+  int warp_bytes;  // shared memory per warp
+};
+
+// (a_value, a_id) is ranked ahead of the best so far (b_value, b_id): higher value, ties to the
+// lower id; an id of -1 is no candidate. With NaN values this is no order, and the caller
+// broadcasts lane 0's answer so the warp still agrees on one pick.
+__device__ bool ahead(float a_value, int a_id, float b_value, int b_id) {
+  if (a_id < 0) return false;
+  if (b_id < 0) return true;
+  return a_value > b_value || (a_value == b_value && a_id < b_id);
+}
+
+__device__ int warp_pick(float value, int id) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_value = __shfl_xor_sync(kFullMask, value, offset);
+    const int other_id = __shfl_xor_sync(kFullMask, id, offset);
+    if (ahead(other_value, other_id, value, id)) {
+      value = other_value;
+      id = other_id;
+    }
+  }
+  return __shfl_sync(kFullMask, id, 0);
+}
+
+__device__ float score_of(Scoring scoring, float x) {
+  switch (scoring) {
+    case Scoring::sigmoid:
+      return 1.0f / (1.0f + expf(-x));
+    case Scoring::sqrt_softplus:
+      return sqrtf(fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))));
+    default:
+      return x;  // softmax is normalised by the caller
+  }
+}
+
+// As routing/topk.cpp's group_value: a value equal to the best still counts as the second best.
+__device__ float group_value(GroupScore rule, const float* choice, int size) {
+  if (rule == GroupScore::max) {
+    float best = choice[0];
+    for (int i = 1; i < size; ++i) best = fmaxf(best, choice[i]);
+    return best;
+  }
+  float first = fmaxf(choice[0], choice[1]);
+  float second = fminf(choice[0], choice[1]);
+  for (int i = 2; i < size; ++i) {
+    if (choice[i] > first) {
+      second = first;
+      first = choice[i];
+    } else if (choice[i] > second) {
+      second = choice[i];
+    }
+  }
+  return first + second;
+}
+
+__global__ void route_kernel(RouteParams p) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (t >= p.tokens) return;
+  const int n = p.n_experts;
+  unsigned char* mine = shared + warp * p.warp_bytes;
+  float* score = reinterpret_cast<float*>(mine);
+  float* choice = p.bias ? score + n : score;
+  float* groups = choice + n;
+  unsigned char* taken = reinterpret_cast<unsigned char*>(groups + p.n_group);
+  unsigned char* group_kept = taken + n;
+
+  const int64_t row = t * n;
+  float local_max = -INFINITY;
+  for (int e = lane; e < n; e += 32) {
+    const float x = cuda_common::load_float(p.logits, p.dtype, row + e);
+    score[e] = score_of(p.scoring, x);
+    local_max = fmaxf(local_max, x);
+    taken[e] = 0;
+  }
+  if (p.scoring == Scoring::softmax) {
+    const float max = cuda_common::warp_max(local_max);
+    float local_sum = 0.0f;
+    for (int e = lane; e < n; e += 32) {
+      score[e] = expf(score[e] - max);
+      local_sum += score[e];
+    }
+    const float sum = cuda_common::warp_sum(local_sum);
+    for (int e = lane; e < n; e += 32) score[e] /= sum;
+  }
+  if (p.bias) {
+    for (int e = lane; e < n; e += 32) choice[e] = score[e] + p.bias[e];
+  }
+  __syncwarp();
+
+  const int group_size = n / p.n_group;
+  if (p.n_group > 1) {
+    for (int g = lane; g < p.n_group; g += 32) {
+      groups[g] = group_value(p.group_score, choice + g * group_size, group_size);
+      group_kept[g] = 0;
+    }
+    __syncwarp();
+    for (int pick = 0; pick < p.topk_group; ++pick) {
+      float best = 0.0f;
+      int best_id = -1;
+      for (int g = lane; g < p.n_group; g += 32) {
+        if (!group_kept[g] && ahead(groups[g], g, best, best_id)) {
+          best = groups[g];
+          best_id = g;
+        }
+      }
+      const int kept = warp_pick(best, best_id);
+      if (lane == 0) group_kept[kept] = 1;
+      __syncwarp();
+    }
+  }
+
+  int my_id = 0;
+  for (int j = 0; j < p.top_k; ++j) {
+    float best = 0.0f;
+    int best_id = -1;
+    for (int e = lane; e < n; e += 32) {
+      const bool allowed = p.n_group == 1 || group_kept[e / group_size];
+      if (allowed && !taken[e] && ahead(choice[e], e, best, best_id)) {
+        best = choice[e];
+        best_id = e;
+      }
+    }
+    const int id = warp_pick(best, best_id);
+    if (lane == j) my_id = id;
+    if (lane == 0) taken[id] = 1;
+    __syncwarp();
+  }
+
+  const bool routed = lane < p.top_k;
+  float weight = routed ? score[my_id] : 0.0f;
+  const float sum = cuda_common::warp_sum(weight);
+  // Scores are never negative, so a zero sum means every routed score underflowed; dividing
+  // would turn those zero weights into NaN.
+  if (p.renormalize && sum > 0.0f) weight /= sum;
+  if (routed) {
+    p.ids[t * p.top_k + lane] = my_id;
+    p.weights[t * p.top_k + lane] = weight * p.scaling;
+  }
+}
+
+struct PhysicalParams {
+  const int32_t* logical_ids;
+  const float* logical_weights;
+  int64_t tokens;
+  int top_k;
+  const int32_t* rank_table;
+  int n_logical;
+  int ep_size;
+  int columns;
+  int first_shared_id;
+  float shared_slot_weight;
+  const float* shared_gate;
+  int32_t* ids;
+  float* weights;
+};
+
+__global__ void to_physical_kernel(PhysicalParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.tokens * p.columns) return;
+  const int64_t t = i / p.columns;
+  const int c = static_cast<int>(i % p.columns);
+  int32_t id;
+  float weight;
+  if (c < p.top_k) {
+    const int64_t source_rank = t * p.ep_size / p.tokens;
+    const int32_t logical = p.logical_ids[t * p.top_k + c];
+    // A logical id out of range (never written by route()) maps to "not here" rather than
+    // reading outside the table.
+    id = logical >= 0 && logical < p.n_logical ? p.rank_table[source_rank * p.n_logical + logical]
+                                               : -1;
+    weight = p.logical_weights[t * p.top_k + c];
+  } else {
+    id = p.first_shared_id + (c - p.top_k);
+    weight = p.shared_slot_weight * (p.shared_gate ? p.shared_gate[t] : 1.0f);
+  }
+  p.ids[i] = id;
+  p.weights[i] = weight;
+}
+
+std::string str(int64_t value) {
+  return std::to_string(value);
+}
+
+void check_grouping(const RoutingSpec& spec, int n) {
+  if (spec.n_group < 1) cuda_errors::internal("route: n_group " + str(spec.n_group) + " < 1");
+  if (spec.n_group == 1) return;
+  const int size = n / spec.n_group;
+  const bool fits = n % spec.n_group == 0 && spec.topk_group >= 1 &&
+                    spec.topk_group <= spec.n_group && spec.top_k <= spec.topk_group * size &&
+                    (spec.group_score != GroupScore::top2_sum || size >= 2);
+  if (!fits) {
+    cuda_errors::internal("route: " + str(n) + " experts in " + str(spec.n_group) +
+                          " groups keeping " + str(spec.topk_group) + " cannot route top_k " +
+                          str(spec.top_k) + " (top2_sum needs groups of 2 or more)");
+  }
+}
+
+}  // namespace
+
+void route(const RouteArgs& args, cudaStream_t stream) {
+  const RoutingSpec& spec = args.spec;
+  const int n = args.n_experts;
+  if (!cuda_common::is_activation_dtype(args.logits_dtype)) {
+    cuda_errors::invalid_argument("route: router_logits dtype " +
+                                  std::string(dtype_name(args.logits_dtype)) +
+                                  " is not supported (f32, bf16 or f16)");
+  }
+  if (n < 1 || spec.top_k < 1 || spec.top_k > n) {
+    cuda_errors::internal("route: top_k " + str(spec.top_k) +
+                          " is outside [1, n_experts = " + str(n) + "]");
+  }
+  if (spec.top_k > kMaxTopK) {
+    cuda_errors::invalid_argument("route: top_k " + str(spec.top_k) +
+                                  " is above the GPU router's " + str(kMaxTopK));
+  }
+  check_grouping(spec, n);
+  if (spec.correction_bias != (args.correction_bias != nullptr)) {
+    cuda_errors::invalid_argument(
+        std::string("route: correction_bias ") + (args.correction_bias ? "given" : "null") +
+        " but spec.correction_bias is " + (spec.correction_bias ? "true" : "false"));
+  }
+  if (args.tokens < 0) cuda_errors::invalid_argument("route: negative token count");
+  if (args.tokens == 0) return;
+  if (args.logits == nullptr || args.ids == nullptr || args.weights == nullptr) {
+    cuda_errors::invalid_argument("route: logits, ids and weights must not be null");
+  }
+  const int floats = n * (args.correction_bias ? 2 : 1) + spec.n_group;
+  const int warp_bytes = (floats * 4 + n + spec.n_group + 15) / 16 * 16;
+  if (warp_bytes * kWarpsPerBlock > kSharedLimit) {
+    cuda_errors::invalid_argument("route: " + str(n) + " experts need more shared memory (" +
+                                  str(warp_bytes * kWarpsPerBlock) + " bytes) than the GPU " +
+                                  "router uses (" + str(kSharedLimit) + ")");
+  }
+  const RouteParams params{args.logits,
+                           args.logits_dtype,
+                           args.tokens,
+                           n,
+                           spec.scoring,
+                           spec.top_k,
+                           spec.n_group,
+                           spec.topk_group,
+                           spec.group_score,
+                           spec.renormalize,
+                           spec.routed_scaling_factor,
+                           args.correction_bias,
+                           args.ids,
+                           args.weights,
+                           warp_bytes};
+  route_kernel<<<cuda_common::blocks_for(args.tokens, kWarpsPerBlock), kWarpsPerBlock * 32,
+                 warp_bytes * kWarpsPerBlock, stream>>>(params);
+  cuda_common::check_launch("route");
+}
+
+void to_physical(const ToPhysicalArgs& args, cudaStream_t stream) {
+  if (args.tokens < 0 || args.top_k < 1 || args.shared_slots < 0 || args.ep_size < 1 ||
+      args.n_logical < 1) {
+    cuda_errors::invalid_argument("to_physical: bad sizes (tokens " + str(args.tokens) +
+                                  ", top_k " + str(args.top_k) + ", shared_slots " +
+                                  str(args.shared_slots) + ", ep_size " + str(args.ep_size) +
+                                  ", n_logical " + str(args.n_logical) + ")");
+  }
+  if (args.tokens == 0) return;
+  if (args.logical_ids == nullptr || args.logical_weights == nullptr ||
+      args.rank_table == nullptr || args.ids == nullptr || args.weights == nullptr) {
+    cuda_errors::invalid_argument("to_physical: ids, weights and rank_table must not be null");
+  }
+  const int columns = args.top_k + args.shared_slots;
+  const PhysicalParams params{
+      args.logical_ids,     args.logical_weights,    args.tokens,      args.top_k,
+      args.rank_table,      args.n_logical,          args.ep_size,     columns,
+      args.first_shared_id, args.shared_slot_weight, args.shared_gate, args.ids,
+      args.weights};
+  constexpr int kThreads = 256;
+  to_physical_kernel<<<cuda_common::blocks_for(args.tokens * columns, kThreads), kThreads, 0,
+                       stream>>>(params);
+  cuda_common::check_launch("to_physical");
+}
+
+}  // namespace moekit::routing::cuda

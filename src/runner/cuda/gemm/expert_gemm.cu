@@ -1,0 +1,341 @@
+// Argument checks, the heuristic, the launches and the quantisation of GEMM2's input.
+
+#include "runner/cuda/gemm/expert_gemm.hpp"
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "runner/cuda/gemm/gemm_kernels.cuh"
+
+namespace moekit::cuda_gemm {
+
+namespace {
+
+using detail::Elem;
+
+constexpr int kMaxGridY = 65535;
+
+// The heuristic's thresholds, from the H200 measurements in bench/cuda/NOTES.md (run 3):
+// - e4m3: decode (f16 mma after in-register conversion) beats prefill up to 4 rows per hit
+//   expert (DeepSeek-V3 T <= 64, Qwen3-30B-A3B T <= 64), prefill beyond (Qwen3 T = 512: 3x).
+// - 16-bit: prefill's cp.async pipeline streams the weights faster than decode at every batch
+//   measured (DeepSeek-V3 T = 1: 189 against 198 us) except where its grid leaves SMs idle
+//   (Qwen3-30B-A3B T = 1: 96 CTAs, 39.4 against 36.1 us).
+// - decode's slices: e4m3 gains from them (DeepSeek-V3 T = 64: 2597 against 2906 us); 16-bit
+//   loses (5537 against 5104 us), so 16-bit decode takes one slice per CTA.
+constexpr int64_t kDecodeMaxRowsFp8 = 4;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+[[noreturn]] void bad(const std::string& what) {
+  throw std::invalid_argument(what);
+}
+
+Elem elem_of(DType dtype, const char* who) {
+  switch (dtype) {
+    case DType::bf16:
+      return Elem::bf16;
+    case DType::f16:
+      return Elem::f16;
+    case DType::f8e4m3:
+      return Elem::e4m3;
+    default:
+      bad(std::string(who) + ".dtype: DType " + std::to_string(static_cast<int>(dtype)) +
+          " is not a GEMM input type (bf16, f16 or f8e4m3)");
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+struct Shape {
+  const char* who;
+  Elem elem;
+  bool gated;
+  int n;
+  int k;
+};
+
+// The fp8 scale fields of Params, checked; false for per-matrix/per-channel scales.
+bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
+  const std::string who = std::string(s.who) + ".scales";
+  if (f.weight == nullptr || f.activation == nullptr) {
+    bad(who + ": f8e4m3 needs weight and activation scales (one is null)");
+  }
+  if (f.weight_block_rows != 0 && f.weight_block_rows != 1 && f.weight_block_rows != 128) {
+    bad(who + ".weight_block_rows: " + std::to_string(f.weight_block_rows) +
+        " is not 0 (per matrix), 1 (per channel) or 128");
+  }
+  const bool per_block = f.weight_block_cols == 128;
+  if (f.weight_block_cols != 0 && !per_block) {
+    bad(who + ".weight_block_cols: " + std::to_string(f.weight_block_cols) + " is not 0 or 128");
+  }
+  if (per_block != (f.weight_block_rows == 128)) {
+    bad(who + ": weight blocks " + std::to_string(f.weight_block_rows) + " x " +
+        std::to_string(f.weight_block_cols) + " are neither 128 x 128 nor whole rows");
+  }
+  if (f.activation_static && f.activation_block_cols != 0) {
+    bad(who + ": a static activation scale has no column blocks (activation_block_cols " +
+        std::to_string(f.activation_block_cols) + ")");
+  }
+  if (per_block != (f.activation_block_cols == 128)) {
+    bad(who + ".activation_block_cols: " + std::to_string(f.activation_block_cols) +
+        (per_block ? " with 128 x 128 weight blocks; they need 128"
+                   : " with per-matrix or per-channel weight scales; they need 0"));
+  }
+  const int kblocks = static_cast<int>(ceil_div(s.k, 128));
+  p.w_scale = f.weight;
+  p.a_scale = f.activation;
+  p.ws_block_rows = f.weight_block_rows;
+  p.ws_per_part =
+      f.weight_block_rows == 0 ? 1 : static_cast<int>(ceil_div(s.n, f.weight_block_rows));
+  p.ws_cols = per_block ? kblocks : 1;
+  p.ws_kb_step = per_block ? 1 : 0;
+  p.as_cols = f.activation_static ? 0 : (per_block ? kblocks : 1);
+  p.as_kb_step = per_block ? 1 : 0;
+  return per_block;
+}
+
+void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
+            const GemmChoice& choice, cudaStream_t stream) {
+  const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
+  p.slices = choice.kernel == GemmKernel::decode ? slices : 1;
+  const int bytes = s.elem == Elem::e4m3 ? 1 : 2;
+  const bool vec = static_cast<int64_t>(s.k) * bytes % 16 == 0 && aligned16(p.a) &&
+                   aligned16(p.w) && aligned16(p.out);
+  const detail::Variant v{s.gated, vec, per_block};
+  dim3 grid;
+  int64_t tiles;
+  if (choice.kernel == GemmKernel::prefill) {
+    if (choice.token_tile != detail::kPrefillRows) {
+      bad(std::string(s.who) + ".choice: prefill takes token_tile 64, not " +
+          std::to_string(choice.token_tile));
+    }
+    if (!vec || s.n % 2 != 0) {
+      bad(std::string(s.who) +
+          ": prefill needs 16-byte aligned rows and pointers and an even N (K = " +
+          std::to_string(s.k) + ", N = " + std::to_string(s.n) +
+          "); choose_gemm picks decode for such shapes");
+    }
+    tiles = detail::max_tiles(rows, p.num_experts, detail::kPrefillRows);
+    grid = dim3(static_cast<unsigned>(
+                    ceil_div(s.n, s.gated ? detail::kPrefillCols / 2 : detail::kPrefillCols)),
+                static_cast<unsigned>(tiles));
+  } else {
+    if (choice.token_tile != detail::kDecodeRows) {
+      bad(std::string(s.who) + ".choice: decode takes token_tile 8, not " +
+          std::to_string(choice.token_tile));
+    }
+    tiles = detail::max_tiles(rows, p.num_experts, detail::kDecodeRows);
+    if (slices < 1 || slices > detail::kDecodeMaxSlices) {
+      bad(std::string(s.who) + ".choice: decode takes 1 to " +
+          std::to_string(detail::kDecodeMaxSlices) + " slices, not " + std::to_string(slices));
+    }
+    grid = dim3(static_cast<unsigned>(ceil_div(s.n, (s.gated ? 16 : 32) * slices)),
+                static_cast<unsigned>(tiles));
+  }
+  if (tiles > kMaxGridY) {
+    bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(tiles) +
+        " row tiles, more than one launch takes (" + std::to_string(kMaxGridY) +
+        "); use a larger tile");
+  }
+  const bool prefill = choice.kernel == GemmKernel::prefill;
+  switch (s.elem) {
+    case Elem::bf16:
+      prefill ? detail::launch_prefill<Elem::bf16>(p, v, grid, stream)
+              : detail::launch_decode<Elem::bf16>(p, v, grid, stream);
+      break;
+    case Elem::f16:
+      prefill ? detail::launch_prefill<Elem::f16>(p, v, grid, stream)
+              : detail::launch_decode<Elem::f16>(p, v, grid, stream);
+      break;
+    case Elem::e4m3:
+      prefill ? detail::launch_prefill<Elem::e4m3>(p, v, grid, stream)
+              : detail::launch_decode<Elem::e4m3>(p, v, grid, stream);
+      break;
+  }
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string(s.who) + ": launch failed: " + cudaGetErrorString(error));
+  }
+}
+
+void check_common(const char* who, const void* a, const void* w, const void* out,
+                  const int32_t* offsets, int num_experts, int64_t rows, int hidden,
+                  int intermediate) {
+  const std::string w_ = who;
+  if (num_experts <= 0) bad(w_ + ".num_experts: " + std::to_string(num_experts) + " is not > 0");
+  if (hidden <= 0) bad(w_ + ".hidden: " + std::to_string(hidden) + " is not > 0");
+  if (intermediate <= 0) {
+    bad(w_ + ".intermediate: " + std::to_string(intermediate) + " is not > 0");
+  }
+  if (rows < 0) bad(w_ + ".rows: " + std::to_string(rows) + " is negative");
+  if (offsets == nullptr) bad(w_ + ".offsets is null");
+  if (rows > 0 && (a == nullptr || w == nullptr || out == nullptr)) {
+    bad(w_ + ": an input, weight or output pointer is null");
+  }
+}
+
+}  // namespace
+
+std::string GemmChoice::str() const {
+  if (kernel == GemmKernel::prefill) return "prefill/" + std::to_string(token_tile);
+  return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
+         std::to_string(gemm2_slices);
+}
+
+GemmChoice choose_gemm(const GemmProblem& problem) {
+  const int64_t rows = std::max<int64_t>(problem.rows, 1);
+  const int64_t hit = std::min<int64_t>(std::max(problem.num_experts, 1), rows);
+  const int64_t per_expert = ceil_div(rows, hit);
+  const int64_t sms = std::max(problem.sm_count, 1);
+  const bool fp8 = problem.dtype == DType::f8e4m3;
+  const int per16 = fp8 ? 16 : 8;
+  const bool aligned = problem.hidden % per16 == 0 && problem.intermediate % per16 == 0;
+  // GEMM1's CTAs on prefill: column tiles of 64 times the experts' row tiles of 64.
+  const int64_t prefill_ctas = ceil_div(problem.intermediate, detail::kPrefillCols / 2) *
+                               detail::max_tiles(rows, static_cast<int>(hit), detail::kPrefillRows);
+  const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
+  if (!decode) return {GemmKernel::prefill, detail::kPrefillRows, 1, 1};
+  if (!fp8) return {GemmKernel::decode, detail::kDecodeRows, 1, 1};
+  // As many slices as leave two waves of CTAs (two per SM), from the bound on the row tiles.
+  const int64_t row_tiles = detail::max_tiles(rows, static_cast<int>(hit), detail::kDecodeRows);
+  const auto slices = [&](int64_t cols, int slice_cols) {
+    const int64_t ctas = ceil_div(cols, slice_cols) * row_tiles;
+    return static_cast<int>(std::clamp<int64_t>(ctas / (4 * sms), 1, detail::kDecodeMaxSlices));
+  };
+  return {GemmKernel::decode, detail::kDecodeRows, slices(problem.intermediate, 16),
+          slices(problem.hidden, 32)};
+}
+
+void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
+  check_common("gemm1", args.x, args.w13, args.act, args.offsets, args.num_experts, args.rows,
+               args.hidden, args.intermediate);
+  const Shape s{"gemm1", elem_of(args.dtype, "gemm1"), true, args.intermediate, args.hidden};
+  if (args.activation.kind == ActivationKind::swiglu_oai && !(args.activation.limit > 0.0f)) {
+    bad("gemm1.activation: swiglu_oai needs a positive limit");
+  }
+  if (args.rows == 0) return;
+  detail::Params p{};
+  p.a = static_cast<const uint8_t*>(args.x);
+  p.w = static_cast<const uint8_t*>(args.w13);
+  p.offsets = args.offsets;
+  p.out = args.act;
+  p.num_experts = args.num_experts;
+  p.n = args.intermediate;
+  p.k = args.hidden;
+  p.parts = 2;
+  p.activation = args.activation;
+  p.out_f32 = s.elem == Elem::e4m3;
+  const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
+  launch(s, p, per_block, args.rows, args.choice, stream);
+}
+
+void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {
+  check_common("gemm2", args.act, args.w2, args.out, args.offsets, args.num_experts, args.rows,
+               args.hidden, args.intermediate);
+  const Shape s{"gemm2", elem_of(args.dtype, "gemm2"), false, args.hidden, args.intermediate};
+  if (args.rows == 0) return;
+  detail::Params p{};
+  p.a = static_cast<const uint8_t*>(args.act);
+  p.w = static_cast<const uint8_t*>(args.w2);
+  p.offsets = args.offsets;
+  p.out = args.out;
+  p.route_weight = args.route_weight;
+  p.num_experts = args.num_experts;
+  p.n = args.hidden;
+  p.k = args.intermediate;
+  p.parts = 1;
+  p.out_f32 = true;
+  const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
+  launch(s, p, per_block, args.rows, args.choice, stream);
+}
+
+namespace {
+
+constexpr int kQuantizeThreads = 256;
+
+__device__ void e4m3_round(float x, float scale, uint8_t* out) {
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+  *out = q;
+}
+
+// One CTA per row. Per 128 columns: a warp per group, 4 columns per lane. Whole row: a block
+// reduction of the amax.
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_kernel(QuantizeRowsArgs a) {
+  const int64_t row = blockIdx.x;
+  if (row >= __ldg(a.offsets + a.num_experts)) return;
+  const float* in = a.in + row * a.cols;
+  uint8_t* out = a.out + row * a.cols;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  if (a.static_scale != nullptr) {
+    const float scale = __ldg(a.static_scale);
+    for (int c = tid; c < a.cols; c += kQuantizeThreads) e4m3_round(in[c], scale, out + c);
+    return;
+  }
+  if (a.group == 128) {
+    const int groups = (a.cols + 127) / 128;
+    for (int grp = warp; grp < groups; grp += kQuantizeThreads / 32) {
+      float v[4];
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = grp * 128 + lane * 4 + j;
+        v[j] = c < a.cols ? in[c] : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+      }
+      for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+      const float scale = fmaxf(amax, 1e-10f) / 448.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = grp * 128 + lane * 4 + j;
+        if (c < a.cols) e4m3_round(v[j], scale, out + c);
+      }
+      if (lane == 0) a.scales[row * groups + grp] = scale;
+    }
+    return;
+  }
+  __shared__ float warp_max[kQuantizeThreads / 32];
+  float amax = 0.0f;
+  for (int c = tid; c < a.cols; c += kQuantizeThreads) amax = fmaxf(amax, fabsf(in[c]));
+  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+  if (lane == 0) warp_max[warp] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int w = 0; w < kQuantizeThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float scale = fmaxf(amax, 1e-10f) / 448.0f;
+  for (int c = tid; c < a.cols; c += kQuantizeThreads) e4m3_round(in[c], scale, out + c);
+  if (tid == 0) a.scales[row] = scale;
+}
+
+}  // namespace
+
+void launch_quantize_rows_e4m3(const QuantizeRowsArgs& args, cudaStream_t stream) {
+  if (args.rows < 0) bad("quantize_rows.rows: " + std::to_string(args.rows) + " is negative");
+  if (args.cols <= 0) bad("quantize_rows.cols: " + std::to_string(args.cols) + " is not > 0");
+  if (args.group != 0 && args.group != 128) {
+    bad("quantize_rows.group: " + std::to_string(args.group) + " is not 0 or 128");
+  }
+  if (args.num_experts <= 0 || args.offsets == nullptr) {
+    bad("quantize_rows: offsets null or num_experts not > 0");
+  }
+  if (args.rows == 0) return;
+  if (args.in == nullptr || args.out == nullptr ||
+      (args.static_scale == nullptr && args.scales == nullptr)) {
+    bad("quantize_rows: in, out or scales is null");
+  }
+  if (args.rows > 0x7FFFFFFF) bad("quantize_rows.rows: too many for one launch");
+  quantize_rows_kernel<<<static_cast<unsigned>(args.rows), kQuantizeThreads, 0, stream>>>(args);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("quantize_rows: launch failed: ") +
+                             cudaGetErrorString(error));
+  }
+}
+
+}  // namespace moekit::cuda_gemm

@@ -1,0 +1,130 @@
+#pragma once
+// The expert computation of the cuda runner: grouped GEMM1 (gate and up, with the gated
+// activation) and GEMM2 (down, with the router weight), over rows grouped per local expert.
+//
+// Layouts (canonical; no packing is needed):
+//   x    [rows, H]        GEMM1 input; expert e owns rows [offsets[e], offsets[e + 1]). No
+//                         padding or alignment of the groups is needed: rows past a group's end
+//                         are neither read nor written, and rows past offsets[E] are left alone.
+//   w13  [E, 2I, H]       rows 0..I-1 gate, I..2I-1 up, each row contiguous along H
+//   act  [rows, I]        GEMM1 output, GEMM2 input
+//   w2   [E, H, I]
+//   out  [rows, H] f32    GEMM2 output, out[r] = route_weight[r] * (act[r] . w2 rows)
+// fp8 formats: x, w13, w2 and GEMM2's act are e4m3 with f32 scales (Fp8Scales). GEMM1 writes its
+// activation in f32 and quantize_rows_e4m3 quantises it for GEMM2, per row per 128 columns or
+// per row, dynamic or static, as docs/QUANTIZATION.md defines.
+//
+// Every launch enqueues on the given stream and returns: no allocation, no host
+// synchronisation (capturable in a CUDA graph). No float atomics: the same inputs give
+// bit-identical outputs. Bad arguments throw std::invalid_argument naming the argument; a
+// failed launch throws std::runtime_error.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "moekit/dtype.hpp"
+#include "moekit/spec.hpp"
+
+namespace moekit::cuda_gemm {
+
+// decode: many CTAs per expert, each streaming 32 weight rows over all of K once for a tile of
+// up to 8 rows; made for a few rows per expert.
+// prefill: tensor-core tiles of 64 rows x 128 weight rows with a cp.async pipeline.
+enum class GemmKernel : uint8_t { decode, prefill };
+
+struct GemmChoice {
+  GemmKernel kernel = GemmKernel::decode;
+  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill 64
+  // decode: slices of 32 weight rows each CTA takes in turn (1 to 4), for GEMM1 and GEMM2.
+  int gemm1_slices = 1;
+  int gemm2_slices = 1;
+  std::string str() const;
+};
+
+// What the heuristic reads: the layer's shapes and format, how many rows reach the experts in
+// all (T * k, counting each row once per expert it is routed to) and the device's SM count.
+struct GemmProblem {
+  DType dtype = DType::bf16;  // bf16, f16 or f8e4m3 (weights and GEMM inputs)
+  int64_t rows = 0;           // grouped rows in all
+  int num_experts = 0;        // local experts
+  int hidden = 0;
+  int intermediate = 0;
+  int sm_count = 132;
+};
+
+// The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
+// - e4m3: decode while an expert hit by the batch gets at most 4 rows on average
+//   (rows / min(E, rows)), with as many slices per CTA (up to 4) as leave two waves of CTAs;
+//   prefill beyond.
+// - bf16/f16: prefill, unless its GEMM1 grid would give fewer CTAs than the device has SMs
+//   (tiny layers at T = 1): then decode, one slice per CTA.
+// - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
+//   e4m3) run on decode, the only kernel that reads them.
+GemmChoice choose_gemm(const GemmProblem& problem);
+
+// fp8 scales. Weights: the grid docs/QUANTIZATION.md defines, [E, parts * ceil(N / block_rows),
+// ceil(K / block_cols)] with 0 standing for the whole dimension: fp8-block 128 x 128, fp8-tensor
+// 0 x 0 (per matrix) or 1 x 0 (per channel). Activations: [rows, ceil(K / 128)]
+// (activation_block_cols 128), [rows] (0), or one static scale (activation_static).
+struct Fp8Scales {
+  const float* weight = nullptr;
+  int weight_block_rows = 0;
+  int weight_block_cols = 0;
+  const float* activation = nullptr;
+  int activation_block_cols = 0;
+  bool activation_static = false;
+};
+
+struct Gemm1Args {
+  DType dtype = DType::bf16;  // of x and w13: bf16, f16 or f8e4m3
+  const void* x = nullptr;
+  const void* w13 = nullptr;
+  Fp8Scales scales;                  // f8e4m3 only
+  const int32_t* offsets = nullptr;  // [num_experts + 1], on the device
+  int num_experts = 0;
+  int64_t rows = 0;  // rows x and act hold; offsets[num_experts] <= rows
+  int hidden = 0;
+  int intermediate = 0;
+  Activation activation;
+  void* act = nullptr;  // [rows, I]: dtype for bf16/f16, f32 for f8e4m3
+  GemmChoice choice;
+};
+
+struct Gemm2Args {
+  DType dtype = DType::bf16;  // of act and w2
+  const void* act = nullptr;
+  const void* w2 = nullptr;
+  Fp8Scales scales;
+  const int32_t* offsets = nullptr;
+  int num_experts = 0;
+  int64_t rows = 0;
+  int hidden = 0;
+  int intermediate = 0;
+  const float* route_weight = nullptr;  // [rows]; nullptr: 1
+  float* out = nullptr;                 // [rows, H]
+  GemmChoice choice;
+};
+
+// act[r] = activation(gate_r . x_r, up_r . x_r) for every grouped row r.
+void launch_gemm1(const Gemm1Args& args, cudaStream_t stream);
+// out[r] = route_weight[r] * (w2 . act_r) for every grouped row r.
+void launch_gemm2(const Gemm2Args& args, cudaStream_t stream);
+
+// GEMM2's input for the fp8 formats: e4m3 of in / scale with scale = max(amax, 1e-10) / 448
+// over each group of `group` columns of a row (0: the whole row), or the static scale.
+struct QuantizeRowsArgs {
+  const float* in = nullptr;         // [rows, cols]
+  const int32_t* offsets = nullptr;  // rows past offsets[num_experts] are left alone
+  int num_experts = 0;
+  int64_t rows = 0;
+  int cols = 0;
+  int group = 128;                      // 128 or 0
+  const float* static_scale = nullptr;  // one f32 on the device; nullptr: dynamic
+  uint8_t* out = nullptr;               // [rows, cols] e4m3
+  float* scales = nullptr;              // [rows, ceil(cols / group)] (dynamic only)
+};
+void launch_quantize_rows_e4m3(const QuantizeRowsArgs& args, cudaStream_t stream);
+
+}  // namespace moekit::cuda_gemm

@@ -1,0 +1,6 @@
+// The f16 kernels (see gemm_kernels.cuh).
+#include "runner/cuda/gemm/gemm_kernels.cuh"
+
+namespace moekit::cuda_gemm::detail {
+MOEKIT_GEMM_INSTANTIATE(Elem::f16)
+}  // namespace moekit::cuda_gemm::detail

@@ -1,0 +1,79 @@
+#pragma once
+// The launches of every kernel variant of one element type; gemm_<type>.cu instantiates them,
+// one translation unit per type so that the builds of the three run in parallel.
+
+#include "runner/cuda/gemm/decode_gemm.cuh"
+#include "runner/cuda/gemm/prefill_gemm.cuh"
+
+namespace moekit::cuda_gemm::detail {
+
+struct Variant {
+  bool gated;
+  bool vec;        // rows 16-byte aligned
+  bool per_block;  // fp8 scales per 128 columns of K
+};
+
+template <Elem kElem, bool kGated, bool kVec>
+void launch_decode_variant(const Params& p, bool per_block, dim3 grid, cudaStream_t stream) {
+  if constexpr (kElem == Elem::e4m3) {
+    if (per_block) {
+      decode_kernel<kElem, kGated, kVec, true><<<grid, kDecodeThreads, 0, stream>>>(p);
+      return;
+    }
+  }
+  decode_kernel<kElem, kGated, kVec, false><<<grid, kDecodeThreads, 0, stream>>>(p);
+}
+
+template <Elem kElem>
+void launch_decode(const Params& p, const Variant& v, dim3 grid, cudaStream_t stream) {
+  // Rows that are not 16-byte aligned (odd shapes only) take element-wise loads.
+  if (v.gated) {
+    v.vec ? launch_decode_variant<kElem, true, true>(p, v.per_block, grid, stream)
+          : launch_decode_variant<kElem, true, false>(p, v.per_block, grid, stream);
+  } else {
+    v.vec ? launch_decode_variant<kElem, false, true>(p, v.per_block, grid, stream)
+          : launch_decode_variant<kElem, false, false>(p, v.per_block, grid, stream);
+  }
+}
+
+template <Elem kElem, bool kGated, bool kPerBlock>
+void launch_prefill_variant(const Params& p, dim3 grid, cudaStream_t stream) {
+  const auto kernel = prefill_kernel<kElem, kGated, kPerBlock>;
+  // Set once per variant: the attribute outlives the call and is no stream operation.
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes);
+  (void)attribute;
+  kernel<<<grid, kPrefillThreads, kPrefillSmemBytes, stream>>>(p);
+}
+
+template <Elem kElem>
+void launch_prefill(const Params& p, const Variant& v, dim3 grid, cudaStream_t stream) {
+  if constexpr (kElem == Elem::e4m3) {
+    if (v.per_block) {
+      if (v.gated) {
+        launch_prefill_variant<kElem, true, true>(p, grid, stream);
+      } else {
+        launch_prefill_variant<kElem, false, true>(p, grid, stream);
+      }
+      return;
+    }
+  }
+  if (v.gated) {
+    launch_prefill_variant<kElem, true, false>(p, grid, stream);
+  } else {
+    launch_prefill_variant<kElem, false, false>(p, grid, stream);
+  }
+}
+
+extern template void launch_decode<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_decode<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_decode<Elem::e4m3>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_prefill<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_prefill<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_prefill<Elem::e4m3>(const Params&, const Variant&, dim3, cudaStream_t);
+
+#define MOEKIT_GEMM_INSTANTIATE(ELEM)                                                   \
+  template void launch_decode<ELEM>(const Params&, const Variant&, dim3, cudaStream_t); \
+  template void launch_prefill<ELEM>(const Params&, const Variant&, dim3, cudaStream_t);
+
+}  // namespace moekit::cuda_gemm::detail

@@ -1,0 +1,268 @@
+#pragma once
+// The prefill kernel: a CTA computes 64 rows of one expert against 128 weight rows (for GEMM1
+// 64 gate rows and the 64 up rows of the same columns), over K in steps of 128 bytes (64
+// elements of 16 bits, or 128 e4m3: one scale block) through a 4-stage cp.async pipeline into
+// XOR-swizzled shared memory, read by ldmatrix into mma.sync. 4 warps of 32 rows x 64 weight
+// rows each; two CTAs per SM. fp8-block promotes each K step's partial sums with its scales
+// into the f32 accumulators, as DeepSeek-V3's kernels do.
+
+#include "runner/cuda/gemm/gemm_device.cuh"
+
+namespace moekit::cuda_gemm::detail {
+
+inline constexpr int kPrefillThreads = 128;
+inline constexpr int kPrefillRows = 64;
+inline constexpr int kPrefillCols = 128;
+inline constexpr int kPrefillStepBytes = 128;
+inline constexpr int kPrefillStages = 4;
+inline constexpr int kPrefillSmemBytes =
+    kPrefillStages * (kPrefillRows + kPrefillCols) * kPrefillStepBytes;
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// Byte offset of 16-byte piece c of row r in a stage: pieces XOR-swizzled by the row, so that
+// the 8 rows one ldmatrix phase reads fall on different banks.
+__device__ __forceinline__ uint32_t swizzled(int r, int c) {
+  return static_cast<uint32_t>(r * kPrefillStepBytes + ((c ^ (r & 7)) << 4));
+}
+
+template <Elem kElem, bool kGated, bool kPerBlock>
+__global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Params p) {
+  constexpr int kBytes = kElemBytes<kElem>;
+  constexpr bool kFp8 = kElem == Elem::e4m3;
+  extern __shared__ uint4 smem[];
+  __shared__ int scratch[kPrefillThreads / 32 + 3];
+
+  const Tile tile = find_tile<kPrefillThreads>(p.offsets, p.num_experts,
+                                               static_cast<int>(blockIdx.y), kPrefillRows, scratch);
+  if (tile.expert < 0) return;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wm = warp & 1, wn = warp >> 1;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
+  const int steps = static_cast<int>((row_bytes + kPrefillStepBytes - 1) / kPrefillStepBytes);
+  const int n0 = static_cast<int>(blockIdx.x) * (kGated ? kPrefillCols / 2 : kPrefillCols);
+  const uint8_t* expert_w =
+      p.w + static_cast<int64_t>(tile.expert) * (kGated ? 2 : 1) * p.n * row_bytes;
+
+  const uint32_t a_smem = smem_address(smem);
+  const uint32_t b_smem = a_smem + kPrefillStages * kPrefillRows * kPrefillStepBytes;
+
+  // Each thread copies piece `piece` of rows r0 + 16 j.
+  const int piece = tid & 7, r0 = tid >> 3;
+  const auto load_step = [&](int step, int stage) {
+    const int64_t byte = static_cast<int64_t>(step) * kPrefillStepBytes + piece * 16;
+    const bool in_k = byte < row_bytes;
+#pragma unroll
+    for (int j = 0; j < kPrefillRows / 16; ++j) {
+      const int r = r0 + 16 * j;
+      const bool valid = in_k && r < tile.rows;
+      const uint8_t* src = p.a + (valid ? (tile.row0 + r) * row_bytes + byte : 0);
+      cp_async16(a_smem + stage * kPrefillRows * kPrefillStepBytes + swizzled(r, piece), src,
+                 valid);
+    }
+#pragma unroll
+    for (int j = 0; j < kPrefillCols / 16; ++j) {
+      const int r = r0 + 16 * j;
+      const int col = n0 + (kGated ? r % (kPrefillCols / 2) : r);
+      const bool valid = in_k && col < p.n;
+      const int row = kGated ? (r < kPrefillCols / 2 ? col : p.n + col) : col;
+      const uint8_t* src = expert_w + (valid ? row * row_bytes + byte : 0);
+      cp_async16(b_smem + stage * kPrefillCols * kPrefillStepBytes + swizzled(r, piece), src,
+                 valid);
+    }
+  };
+
+  // Weight rows (in shared memory) of the warp's 8 column fragments.
+  const auto frag_row = [&](int f) {
+    if constexpr (kGated) {
+      return (f < 4 ? 0 : kPrefillCols / 2) + wn * 32 + (f % 4) * 8;
+    }
+    return wn * 64 + f * 8;
+  };
+
+  float acc[2][8][4], part[2][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int f = 0; f < 8; ++f)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][f][c] = part[mt][f][c] = 0.0f;
+  auto& sum = kPerBlock ? part : acc;
+
+  // fp8-block: the warp's 4 rows' activation scale offsets and the CTA's weight scale blocks.
+  int64_t as_row[2][2] = {{0, 0}, {0, 0}};
+  bool row_valid[2][2] = {{false, false}, {false, false}};
+  int64_t ws_first = 0, ws_second = 0;
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * 32 + mt * 16 + g + 8 * h;
+        row_valid[mt][h] = r < tile.rows;
+        as_row[mt][h] = tile.row0 + (row_valid[mt][h] ? r : 0);
+      }
+    ws_first = weight_scale_base(p, kGated ? 2 : 1, tile.expert, 0, n0);
+    ws_second = kGated ? weight_scale_base(p, 2, tile.expert, 1, n0) : ws_first;
+  }
+
+#pragma unroll
+  for (int s = 0; s < kPrefillStages - 1; ++s) {
+    if (s < steps) load_step(s, s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefillStages - 2));
+    __syncthreads();
+    // fp8-block: this K block's scales, loaded before the step's mma so that their latency
+    // hides behind them.
+    float w_first = 0.0f, w_second = 0.0f, as[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    if constexpr (kPerBlock) {
+      w_first = __ldg(p.w_scale + ws_first + step * p.ws_kb_step) * e4m3_product_factor();
+      w_second = __ldg(p.w_scale + ws_second + step * p.ws_kb_step) * e4m3_product_factor();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          as[mt][h] = row_valid[mt][h] ? activation_scale(p, as_row[mt][h], step) : 0.0f;
+    }
+    const int next = step + kPrefillStages - 1;
+    if (next < steps) load_step(next, next % kPrefillStages);
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    const int stage = step % kPrefillStages;
+    const uint32_t a_stage = a_smem + stage * kPrefillRows * kPrefillStepBytes;
+    const uint32_t b_stage = b_smem + stage * kPrefillCols * kPrefillStepBytes;
+    const int mi = lane >> 3, r_in = lane & 7;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t a[2][4], b[8][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int r = wm * 32 + mt * 16 + (mi & 1) * 8 + r_in;
+        ldmatrix_x4(a[mt], a_stage + swizzled(r, 2 * k + (mi >> 1)));
+      }
+#pragma unroll
+      for (int f = 0; f < 8; f += 2) {
+        uint32_t t[4];
+        const int r = frag_row(f + (mi >> 1)) + r_in;
+        ldmatrix_x4(t, b_stage + swizzled(r, 2 * k + (mi & 1)));
+        b[f][0] = t[0];
+        b[f][1] = t[1];
+        b[f + 1][0] = t[2];
+        b[f + 1][1] = t[3];
+      }
+      if constexpr (kFp8 && !MOEKIT_GEMM_E4M3_MMA) {
+        uint32_t a16[2][2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) e4m3_a_as_f16(a[mt], a16[mt][0], a16[mt][1]);
+#pragma unroll
+        for (int f = 0; f < 8; ++f) {
+          uint32_t b16[2][2];
+          e4m3_b_as_f16(b[f][0], b[f][1], b16);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16x8x16(sum[mt][f], a16[mt][0], b16[0][0], b16[0][1], false);
+            mma_16x8x16(sum[mt][f], a16[mt][1], b16[1][0], b16[1][1], false);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int f = 0; f < 8; ++f) {
+            if constexpr (kFp8) {
+              mma_e4m3_k32(sum[mt][f], a[mt], b[f][0], b[f][1]);
+            } else {
+              mma_16x8x16(sum[mt][f], a[mt], b[f][0], b[f][1], kElem == Elem::bf16);
+            }
+          }
+      }
+    }
+
+    if constexpr (kPerBlock) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int f = 0; f < 8; ++f) {
+          const float w = kGated && f >= 4 ? w_second : w_first;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            acc[mt][f][c] += part[mt][f][c] * (as[mt][c >> 1] * w);
+            part[mt][f][c] = 0.0f;
+          }
+        }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // Per-matrix or per-channel fp8 scales, applied once.
+  const auto tensor_scale = [&](int part_index, int col, int64_t row) {
+    if constexpr (kFp8 && !kPerBlock) {
+      return __ldg(p.w_scale + weight_scale_base(p, kGated ? 2 : 1, tile.expert, part_index, col)) *
+             activation_scale(p, row, 0) * e4m3_product_factor();
+    }
+    return 1.0f;
+  };
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * 32 + mt * 16 + g + 8 * h;
+      if (r >= tile.rows) continue;
+      const int64_t row = tile.row0 + r;
+      if constexpr (kGated) {
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const int col = n0 + wn * 32 + f * 8 + 2 * q;
+          if (col >= p.n) continue;
+          float v[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float gate = acc[mt][f][2 * h + j] * tensor_scale(0, col + j, row);
+            const float up = acc[mt][f + 4][2 * h + j] * tensor_scale(1, col + j, row);
+            v[j] = activate(p.activation, gate, up);
+          }
+          const int64_t at = row * p.n + col;
+          if (p.out_f32) {
+            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + at) = make_float2(v[0], v[1]);
+          } else if constexpr (kElem == Elem::bf16) {
+            *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + at) =
+                __floats2bfloat162_rn(v[0], v[1]);
+          } else {
+            *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + at) =
+                __floats2half2_rn(v[0], v[1]);
+          }
+        }
+      } else {
+        const float weight = p.route_weight == nullptr ? 1.0f : __ldg(p.route_weight + row);
+#pragma unroll
+        for (int f = 0; f < 8; ++f) {
+          const int col = n0 + wn * 64 + f * 8 + 2 * q;
+          if (col >= p.n) continue;
+          const float v0 = weight * (acc[mt][f][2 * h] * tensor_scale(0, col, row));
+          const float v1 = weight * (acc[mt][f][2 * h + 1] * tensor_scale(0, col + 1, row));
+          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + row * p.n + col) =
+              make_float2(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moekit::cuda_gemm::detail

@@ -1,0 +1,421 @@
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda_common.cuh"
+#include "runner/cuda/permute.hpp"
+
+// The sort is a counting sort by slot with a stable placement: a warp walks its entries 32 at a
+// time, and __match_any_sync gives each entry its rank among the earlier entries of the same
+// slot in that step, so every row lands where a serial scan in entry order would put it.
+// Small batches (decode) do the whole sort in one block; larger ones split the entries into
+// chunks: a histogram per chunk, one block that turns them into per-chunk starting rows, and a
+// placement per chunk.
+
+namespace moekit::runner::cuda {
+namespace {
+
+using cuda_common::kFullMask;
+
+constexpr int64_t kSmallEntries = 2048;  // sorted by one block
+constexpr int kChunkEntries = 512;       // per warp in the chunked sort
+constexpr int kChunkWarps = 8;           // warps (chunks) per block
+constexpr int kSharedLimit = 48 * 1024;
+constexpr int kScanThreads = 1024;
+
+struct SortParams {
+  const int32_t* ids;
+  const int32_t* global_to_local;
+  int n_global;
+  int64_t entries;
+  int n_slots;
+  int tile;
+  int capacity;
+  int32_t* counts;
+  int32_t* offsets;
+  int32_t* row_source;
+  int32_t* entry_row;
+};
+
+__device__ int slot_of(const SortParams& p, int64_t entry) {
+  int id = p.ids[entry];
+  if (p.global_to_local) id = id >= 0 && id < p.n_global ? p.global_to_local[id] : -1;
+  return id >= 0 && id < p.n_slots ? id : -1;
+}
+
+__device__ int padded(const SortParams& p, int count) {
+  return p.capacity > 0 ? p.capacity : (count + p.tile - 1) / p.tile * p.tile;
+}
+
+// Exclusive prefix sum over the block's threads; *total gets the sum. Every thread must call it.
+__device__ int block_exclusive_scan(int value, int* total) {
+  __shared__ int warp_totals[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  int inclusive = value;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int sum = lane < warps ? warp_totals[lane] : 0;
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(kFullMask, sum, offset);
+      if (lane >= offset) sum += other;
+    }
+    if (lane < warps) warp_totals[lane] = sum;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - value;
+  *total = warp_totals[warps - 1];
+  __syncthreads();  // warp_totals is reused by the next call
+  return before;
+}
+
+// From the true counts in `count` (shared, [n_slots]): writes counts and offsets, marks the
+// padding rows, and leaves each slot's first row in `count`. One block; every thread calls it.
+__device__ void lay_out_slots(const SortParams& p, int* count) {
+  const int per_thread = (p.n_slots + blockDim.x - 1) / blockDim.x;
+  const int first = threadIdx.x * per_thread;
+  const int last = min(p.n_slots, first + per_thread);
+  int mine = 0;
+  for (int s = first; s < last; ++s) mine += padded(p, count[s]);
+  int total = 0;
+  int row = block_exclusive_scan(mine, &total);
+  for (int s = first; s < last; ++s) {
+    const int n = p.capacity > 0 ? min(count[s], p.capacity) : count[s];
+    const int rows = padded(p, count[s]);
+    p.counts[s] = n;
+    p.offsets[s] = row;
+    for (int r = row + n; r < row + rows && p.capacity == 0; ++r) p.row_source[r] = -1;
+    count[s] = row;
+    row += rows;
+  }
+  if (threadIdx.x == 0) p.offsets[p.n_slots] = total;
+  __syncthreads();
+}
+
+// One warp places entries [begin, end) in order, `cursor` ([n_slots]) holding the next row of
+// each slot. In the masked layout an entry past its slot's capacity is dropped (entry_row -1);
+// with capacity >= tokens only a row that names one slot twice can do that.
+__device__ void place(const SortParams& p, int64_t begin, int64_t end, int* cursor) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t base = begin; base < end; base += 32) {
+    const int64_t e = base + lane;
+    const int s = e < end ? slot_of(p, e) : -1;
+    const unsigned peers = __match_any_sync(kFullMask, s);
+    const int rank = __popc(peers & ((1u << lane) - 1));
+    int row = -1;
+    if (s >= 0) {
+      row = cursor[s] + rank;
+      if (p.capacity > 0 && row - s * p.capacity >= p.capacity) row = -1;
+    }
+    __syncwarp();
+    if (s >= 0 && lane == __ffs(peers) - 1) cursor[s] += __popc(peers);
+    __syncwarp();
+    if (e < end) {
+      p.entry_row[e] = row;
+      if (row >= 0) p.row_source[row] = static_cast<int32_t>(e);
+    }
+  }
+}
+
+__global__ void sort_small_kernel(SortParams p) {
+  extern __shared__ int count[];
+  for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) count[s] = 0;
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < p.entries; e += blockDim.x) {
+    const int s = slot_of(p, e);
+    if (s >= 0) atomicAdd(&count[s], 1);
+  }
+  __syncthreads();
+  lay_out_slots(p, count);
+  if (threadIdx.x < 32) place(p, 0, p.entries, count);
+}
+
+__global__ void chunk_histogram_kernel(SortParams p, int* chunk_counts) {
+  extern __shared__ int histogram[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kChunkWarps + warp;
+  const int64_t begin = chunk * kChunkEntries;
+  if (begin >= p.entries) return;
+  const int64_t end = min(p.entries, begin + kChunkEntries);
+  int* mine = histogram + warp * p.n_slots;
+  for (int s = lane; s < p.n_slots; s += 32) mine[s] = 0;
+  __syncwarp();
+  for (int64_t e = begin + lane; e < end; e += 32) {
+    const int s = slot_of(p, e);
+    if (s >= 0) atomicAdd(&mine[s], 1);
+  }
+  __syncwarp();
+  for (int s = lane; s < p.n_slots; s += 32) chunk_counts[chunk * p.n_slots + s] = mine[s];
+}
+
+// chunk_counts[c][s] becomes the number of slot-s entries in chunks before c.
+__global__ void chunk_scan_kernel(SortParams p, int* chunk_counts, int64_t chunks) {
+  extern __shared__ int count[];
+  for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) {
+    int running = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int n = chunk_counts[c * p.n_slots + s];
+      chunk_counts[c * p.n_slots + s] = running;
+      running += n;
+    }
+    count[s] = running;
+  }
+  __syncthreads();
+  lay_out_slots(p, count);
+}
+
+__global__ void chunk_place_kernel(SortParams p, const int* chunk_counts) {
+  extern __shared__ int cursors[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kChunkWarps + warp;
+  const int64_t begin = chunk * kChunkEntries;
+  if (begin >= p.entries) return;
+  int* cursor = cursors + warp * p.n_slots;
+  for (int s = lane; s < p.n_slots; s += 32) {
+    cursor[s] = p.offsets[s] + chunk_counts[chunk * p.n_slots + s];
+  }
+  __syncwarp();
+  place(p, begin, min(p.entries, begin + kChunkEntries), cursor);
+}
+
+struct GatherParams {
+  const void* hidden;
+  DType hidden_dtype;
+  int64_t hidden_size;
+  int columns;
+  const int32_t* row_source;
+  const int32_t* offsets;
+  const int32_t* counts;
+  int n_slots;
+  int capacity;
+  void* rows;
+  DType rows_dtype;
+  float* scales;
+  int quant_group;
+  int64_t groups_per_row;
+};
+
+constexpr int kGatherThreads = 256;
+
+__global__ void gather_kernel(GatherParams p) {
+  const int64_t r = blockIdx.x;
+  if (p.capacity > 0) {
+    if (r % p.capacity >= p.counts[r / p.capacity]) return;
+  } else if (r >= p.offsets[p.n_slots]) {
+    return;
+  }
+  const int32_t entry = p.row_source[r];
+  const int64_t H = p.hidden_size;
+  const int64_t source = entry >= 0 ? static_cast<int64_t>(entry / p.columns) * H : -1;
+  const auto value = [&](int64_t h) {
+    return source >= 0 ? cuda_common::load_float(p.hidden, p.hidden_dtype, source + h) : 0.0f;
+  };
+  if (p.rows_dtype != DType::f8e4m3) {
+    for (int64_t h = threadIdx.x; h < H; h += kGatherThreads) {
+      cuda_common::store_float(p.rows, p.rows_dtype, r * H + h, value(h));
+    }
+    return;
+  }
+  // One warp per group of columns, the numerics of quantize_activation_row: amax ignores NaN
+  // (as std::max does there), the division is IEEE, and the conversion rounds to nearest even
+  // and saturates to +-448.
+  auto* out = static_cast<__nv_fp8_storage_t*>(p.rows) + r * H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t g = warp; g < p.groups_per_row; g += kGatherThreads / 32) {
+    const int64_t k0 = g * p.quant_group, k1 = min(H, k0 + p.quant_group);
+    float amax = 0.0f;
+    for (int64_t k = k0 + lane; k < k1; k += 32) amax = fmaxf(amax, fabsf(value(k)));
+    amax = cuda_common::warp_max(amax);
+    const float scale = fmaxf(amax, 1e-10f) / 448.0f;
+    for (int64_t k = k0 + lane; k < k1; k += 32) {
+      out[k] = __nv_cvt_float_to_fp8(value(k) / scale, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane == 0) p.scales[r * p.groups_per_row + g] = scale;
+  }
+}
+
+struct CombineParams {
+  const void* rows;
+  DType rows_dtype;
+  const int32_t* entry_row;
+  bool apply_weights;
+  const float* weights;
+  const void* shared;
+  DType shared_dtype;
+  int columns;
+  int64_t hidden_size;
+  void* output;
+  DType output_dtype;
+};
+
+constexpr int kCombineThreads = 256;
+constexpr int kCombinePerThread = 4;
+
+__global__ void combine_kernel(CombineParams p) {
+  const int64_t t = blockIdx.y;
+  const int64_t H = p.hidden_size;
+  const int64_t first =
+      static_cast<int64_t>(blockIdx.x) * kCombineThreads * kCombinePerThread + threadIdx.x;
+  float sum[kCombinePerThread] = {};
+  for (int j = 0; j < p.columns; ++j) {
+    const int64_t entry = t * p.columns + j;
+    const int32_t row = p.entry_row[entry];
+    if (row < 0) continue;
+    const float weight = p.apply_weights ? p.weights[entry] : 1.0f;
+    for (int i = 0; i < kCombinePerThread; ++i) {
+      const int64_t h = first + i * kCombineThreads;
+      if (h < H) {
+        const float y = cuda_common::load_float(p.rows, p.rows_dtype, row * H + h);
+        sum[i] += p.apply_weights ? weight * y : y;
+      }
+    }
+  }
+  for (int i = 0; i < kCombinePerThread; ++i) {
+    const int64_t h = first + i * kCombineThreads;
+    if (h >= H) continue;
+    float out = sum[i];
+    if (p.shared) out += cuda_common::load_float(p.shared, p.shared_dtype, t * H + h);
+    cuda_common::store_float(p.output, p.output_dtype, t * H + h, out);
+  }
+}
+
+std::string str(int64_t value) {
+  return std::to_string(value);
+}
+
+int64_t chunk_count(int64_t entries) {
+  return (entries + kChunkEntries - 1) / kChunkEntries;
+}
+
+void check_activation(DType dtype, const char* kernel, const char* name) {
+  if (!cuda_common::is_activation_dtype(dtype)) {
+    cuda_errors::invalid_argument(std::string(kernel) + ": " + name + " dtype " +
+                                  std::string(dtype_name(dtype)) +
+                                  " is not supported (f32, bf16 or f16)");
+  }
+}
+
+}  // namespace
+
+int64_t sort_max_rows(int64_t entries, int n_slots, int tile, int capacity) {
+  if (capacity > 0) return int64_t{n_slots} * capacity;
+  return entries + int64_t{n_slots} * (std::max(tile, 1) - 1);
+}
+
+int64_t sort_scratch_bytes(int64_t entries, int n_slots) {
+  if (entries <= kSmallEntries) return 0;
+  return chunk_count(entries) * n_slots * static_cast<int64_t>(sizeof(int));
+}
+
+void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
+  const int64_t entries = args.tokens * args.columns;
+  if (args.tokens < 0 || args.columns < 1 || args.n_slots < 1 || args.tile < 1 ||
+      args.capacity < 0) {
+    cuda_errors::invalid_argument("sort_by_slot: bad sizes (tokens " + str(args.tokens) +
+                                  ", columns " + str(args.columns) + ", slots " +
+                                  str(args.n_slots) + ", tile " + str(args.tile) + ", capacity " +
+                                  str(args.capacity) + ")");
+  }
+  if (args.capacity > 0 && args.capacity < args.tokens) {
+    cuda_errors::invalid_argument("sort_by_slot: the masked layout's capacity " +
+                                  str(args.capacity) + " is below the batch's " + str(args.tokens) +
+                                  " tokens");
+  }
+  if (sort_max_rows(entries, args.n_slots, args.tile, args.capacity) >= (int64_t{1} << 31)) {
+    cuda_errors::invalid_argument("sort_by_slot: the grouped layout would exceed 2^31 rows");
+  }
+  if ((args.global_to_local != nullptr) != (args.n_global > 0)) {
+    cuda_errors::invalid_argument("sort_by_slot: global_to_local and n_global go together");
+  }
+  const int64_t slot_bytes = int64_t{args.n_slots} * static_cast<int64_t>(sizeof(int));
+  if (slot_bytes * kChunkWarps > kSharedLimit) {
+    cuda_errors::invalid_argument("sort_by_slot: " + str(args.n_slots) +
+                                  " slots are more than the GPU sort handles (" +
+                                  str(kSharedLimit / kChunkWarps / 4) + ")");
+  }
+  if (args.ids == nullptr || args.counts == nullptr || args.offsets == nullptr ||
+      args.row_source == nullptr || (entries > 0 && args.entry_row == nullptr)) {
+    cuda_errors::invalid_argument("sort_by_slot: ids and the outputs must not be null");
+  }
+  const SortParams p{
+      args.ids,      args.global_to_local, args.n_global, entries,         args.n_slots,  args.tile,
+      args.capacity, args.counts,          args.offsets,  args.row_source, args.entry_row};
+  const auto shared = static_cast<size_t>(slot_bytes);
+  if (entries <= kSmallEntries) {
+    sort_small_kernel<<<1, kScanThreads, shared, stream>>>(p);
+    cuda_common::check_launch("sort_by_slot");
+    return;
+  }
+  if (args.scratch == nullptr) {
+    cuda_errors::invalid_argument("sort_by_slot: " + str(entries) + " entries need " +
+                                  str(sort_scratch_bytes(entries, args.n_slots)) +
+                                  " bytes of scratch, got none");
+  }
+  auto* chunk_counts = static_cast<int*>(args.scratch);
+  const int64_t chunks = chunk_count(entries);
+  const unsigned blocks = cuda_common::blocks_for(chunks, kChunkWarps);
+  chunk_histogram_kernel<<<blocks, kChunkWarps * 32, shared * kChunkWarps, stream>>>(p,
+                                                                                     chunk_counts);
+  chunk_scan_kernel<<<1, kScanThreads, shared, stream>>>(p, chunk_counts, chunks);
+  chunk_place_kernel<<<blocks, kChunkWarps * 32, shared * kChunkWarps, stream>>>(p, chunk_counts);
+  cuda_common::check_launch("sort_by_slot");
+}
+
+void gather_rows(const GatherArgs& args, cudaStream_t stream) {
+  check_activation(args.hidden_dtype, "gather_rows", "hidden_states");
+  const DType out = args.rows_dtype;
+  if (out != DType::bf16 && out != DType::f16 && out != DType::f8e4m3) {
+    cuda_errors::invalid_argument("gather_rows: rows dtype " + std::string(dtype_name(out)) +
+                                  " is not supported (bf16, f16 or f8e4m3)");
+  }
+  if (args.tokens < 0 || args.hidden_size < 1 || args.columns < 1 || args.n_slots < 1 ||
+      args.capacity < 0 || args.max_rows < 0 || args.quant_group < 1) {
+    cuda_errors::invalid_argument(
+        "gather_rows: bad sizes (tokens " + str(args.tokens) + ", hidden " + str(args.hidden_size) +
+        ", columns " + str(args.columns) + ", slots " + str(args.n_slots) + ", max_rows " +
+        str(args.max_rows) + ", quant_group " + str(args.quant_group) + ")");
+  }
+  if (args.tokens == 0 || args.max_rows == 0) return;
+  if (args.hidden == nullptr || args.row_source == nullptr || args.offsets == nullptr ||
+      args.counts == nullptr || args.rows == nullptr ||
+      (out == DType::f8e4m3 && args.scales == nullptr)) {
+    cuda_errors::invalid_argument("gather_rows: inputs and outputs must not be null");
+  }
+  const int64_t groups = (args.hidden_size + args.quant_group - 1) / args.quant_group;
+  const GatherParams p{
+      args.hidden,  args.hidden_dtype, args.hidden_size, args.columns,  args.row_source,
+      args.offsets, args.counts,       args.n_slots,     args.capacity, args.rows,
+      out,          args.scales,       args.quant_group, groups};
+  gather_kernel<<<static_cast<unsigned>(args.max_rows), kGatherThreads, 0, stream>>>(p);
+  cuda_common::check_launch("gather_rows");
+}
+
+void combine(const CombineArgs& args, cudaStream_t stream) {
+  check_activation(args.rows_dtype, "combine", "rows");
+  check_activation(args.output_dtype, "combine", "output");
+  if (args.shared) check_activation(args.shared_dtype, "combine", "shared output");
+  if (args.tokens < 0 || args.columns < 1 || args.hidden_size < 1) {
+    cuda_errors::invalid_argument("combine: bad sizes (tokens " + str(args.tokens) + ", columns " +
+                                  str(args.columns) + ", hidden " + str(args.hidden_size) + ")");
+  }
+  if (args.tokens == 0) return;
+  if (args.rows == nullptr || args.entry_row == nullptr || args.output == nullptr ||
+      (args.apply_weights && args.weights == nullptr)) {
+    cuda_errors::invalid_argument("combine: rows, entry_row, weights and output must not be null");
+  }
+  const CombineParams p{args.rows,        args.rows_dtype, args.entry_row,    args.apply_weights,
+                        args.weights,     args.shared,     args.shared_dtype, args.columns,
+                        args.hidden_size, args.output,     args.output_dtype};
+  const dim3 grid(static_cast<unsigned>(args.tokens),
+                  cuda_common::blocks_for(args.hidden_size, kCombineThreads * kCombinePerThread));
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  cuda_common::check_launch("combine");
+}
+
+}  // namespace moekit::runner::cuda

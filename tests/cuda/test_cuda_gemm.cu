@@ -1,0 +1,140 @@
+// The cuda expert GEMMs: every format, activation and kernel against float64
+// (test_cuda_gemm_cases.cu), the heuristic, and the refusal of bad arguments.
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "cuda/test_cuda_gemm_cases.hpp"
+#include "runner/cuda/gemm/expert_gemm.hpp"
+
+namespace moekit::test::cuda_gemm {
+namespace {
+
+using moekit::cuda_gemm::choose_gemm;
+using moekit::cuda_gemm::Gemm1Args;
+using moekit::cuda_gemm::Gemm2Args;
+using moekit::cuda_gemm::GemmKernel;
+using moekit::cuda_gemm::launch_gemm1;
+using moekit::cuda_gemm::launch_gemm2;
+
+class CudaGemm : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(CudaGemm, MatchesFloat64) {
+  const CaseResult r = run_case(GetParam());
+  if (!r.ran) GTEST_SKIP() << r.skip_reason;
+  for (const std::string& f : r.failures) ADD_FAILURE() << f;
+  RecordProperty("errors", r.summary);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGemm, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<GemmCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(CudaGemmChoice, Fp8DecodesUpToFourRowsPerExpert) {
+  // DeepSeek-V3 (E=256, k=8) at T = 1, 64 and 4096; Qwen3-30B-A3B (E=128) at T = 64 and 512.
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 512, 256, 7168, 2048, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).kernel, GemmKernel::prefill);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 512, 128, 2048, 768, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 4096, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
+}
+
+TEST(CudaGemmChoice, SixteenBitDecodesOnlyWherePrefillWouldLeaveSmsIdle) {
+  // DeepSeek-V3 at T = 1: 32 column tiles x 8 experts on prefill, more CTAs than SMs.
+  EXPECT_EQ(choose_gemm({DType::bf16, 8, 256, 7168, 2048, 132}).kernel, GemmKernel::prefill);
+  // Qwen3-30B-A3B at T = 1: 12 x 8 = 96 CTAs.
+  const auto qwen_t1 = choose_gemm({DType::bf16, 8, 128, 2048, 768, 132});
+  EXPECT_EQ(qwen_t1.kernel, GemmKernel::decode);
+  EXPECT_EQ(qwen_t1.gemm1_slices, 1);
+  EXPECT_EQ(choose_gemm({DType::f16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
+}
+
+TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
+  // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
+  // 264 twice over; at T = 8 (64 rows) more than enough for 4.
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 8, 256, 7168, 2048, 132}).gemm1_slices, 2);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
+}
+
+TEST(CudaGemmChoice, RowsThatAreNotSixteenByteAlignedRunOnDecode) {
+  EXPECT_EQ(choose_gemm({DType::bf16, 32768, 256, 7166, 2048, 132}).kernel, GemmKernel::decode);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2056, 132}).kernel, GemmKernel::decode);
+}
+
+// Arguments that would launch, but for the one field a test changes (nothing is launched: the
+// pointers are never read).
+Gemm1Args gemm1_args() {
+  Gemm1Args a;
+  a.dtype = DType::bf16;
+  a.x = a.w13 = a.act = reinterpret_cast<void*>(256);
+  a.offsets = reinterpret_cast<const int32_t*>(256);
+  a.num_experts = 2;
+  a.rows = 4;
+  a.hidden = a.intermediate = 64;
+  return a;
+}
+
+Gemm2Args gemm2_args() {
+  Gemm2Args a;
+  a.dtype = DType::bf16;
+  a.act = a.w2 = reinterpret_cast<void*>(256);
+  a.out = reinterpret_cast<float*>(256);
+  a.offsets = reinterpret_cast<const int32_t*>(256);
+  a.num_experts = 2;
+  a.rows = 4;
+  a.hidden = a.intermediate = 64;
+  return a;
+}
+
+bool names(const std::string& message, const std::string& argument) {
+  return message.find(argument) != std::string::npos;
+}
+
+template <typename Launch>
+std::string refusal(Launch&& launch) {
+  try {
+    launch();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(CudaGemmArguments, ANonGemmDtypeIsRefused) {
+  Gemm1Args a = gemm1_args();
+  a.dtype = DType::f32;
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.dtype");
+}
+
+TEST(CudaGemmArguments, Fp8WithoutScalesIsRefused) {
+  Gemm2Args a = gemm2_args();
+  a.dtype = DType::f8e4m3;
+  EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.scales");
+}
+
+TEST(CudaGemmArguments, APrefillTileOtherThan64IsRefused) {
+  Gemm2Args a = gemm2_args();
+  a.choice = {GemmKernel::prefill, 32};
+  EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.choice");
+}
+
+TEST(CudaGemmArguments, NoExpertsIsRefused) {
+  Gemm1Args a = gemm1_args();
+  a.num_experts = 0;
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.num_experts");
+}
+
+TEST(CudaGemmArguments, MixedFp8ScaleBlocksAreRefused) {
+  Gemm1Args a = gemm1_args();
+  a.dtype = DType::f8e4m3;
+  a.scales.weight = a.scales.activation = reinterpret_cast<const float*>(256);
+  a.scales.weight_block_rows = a.scales.weight_block_cols = 128;
+  a.scales.activation_block_cols = 0;
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }),
+               "gemm1.scales.activation_block_cols");
+}
+
+}  // namespace
+}  // namespace moekit::test::cuda_gemm
