@@ -48,8 +48,7 @@ struct CudaKernels {
   int device_index = 0;
   int sm_count = 0;
   // The run of `runs` that batches of `tokens` fall in.
-  static const CudaGemmChoice& for_tokens(const std::vector<CudaGemmChoice>& runs,
-                                          int64_t tokens);
+  static const CudaGemmChoice& for_tokens(const std::vector<CudaGemmChoice>& runs, int64_t tokens);
 };
 
 // How the shared experts run, when the block form computes them apart from the routed ones.
@@ -107,7 +106,7 @@ struct Plan {
   RunnerFormat core_format = RunnerFormat::standard;
   std::optional<CpuKernels> cpu_kernels;    // runner cpu only
   std::optional<CudaKernels> cuda_kernels;  // runner cuda only
-  std::string stages;                     // the block stages of the plan's device: "cpu"
+  std::string stages;                       // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
   int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute
   int threads = 1;

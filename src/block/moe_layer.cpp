@@ -268,13 +268,13 @@ class MoeLayer::Impl {
   void report_routing(const Routing& routed, int64_t T, const RoutingResult& routing) const {
     const Shape shape{T, plan_.spec.routing.top_k};
     const Device device = plan_.options.device;
-    copy_async(routing.ids,
-               TensorView::contiguous(const_cast<int32_t*>(routed.logical_ids), DType::i32, shape,
-                                      device),
-               ctx_.stream);
+    copy_async(
+        routing.ids,
+        TensorView::contiguous(const_cast<int32_t*>(routed.logical_ids), DType::i32, shape, device),
+        ctx_.stream);
     copy_async(routing.weights,
-               TensorView::contiguous(const_cast<float*>(routed.logical_weights), DType::f32,
-                                      shape, device),
+               TensorView::contiguous(const_cast<float*>(routed.logical_weights), DType::f32, shape,
+                                      device),
                ctx_.stream);
   }
 

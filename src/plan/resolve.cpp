@@ -269,7 +269,11 @@ void decide_quant_and_runner(Plan& plan) {
       fmt::format("runner={} with weights={} on device={}", runner_name(options.runner),
                   format_name, options.device.str());
   if (options.runner == RunnerKind::auto_) {
-    if (!first_ok) refuse(axes, "no built runner supports this deployment", "device=cpu");
+    if (!first_ok) {
+      std::vector<std::string> why;
+      for (const Rejected& r : rejected) why.push_back(r.candidate + ": " + r.reason);
+      refuse(axes, "no built runner supports this deployment (" + join(why) + ")", "device=cpu");
+    }
     plan.runner = *first_ok;
     plan.decisions.push_back({PlanLayer::quant, "runner", std::string(runner_name(plan.runner)),
                               "auto: the fastest built runner that reads these weights here",

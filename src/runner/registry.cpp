@@ -8,6 +8,10 @@ const std::vector<CoreEntry>& core_table() {
        make_reference_core, nullptr, nullptr},
       {RunnerKind::cpu, RunnerFormat::contiguous, cpu_supports, cpu_reads, make_cpu_core,
        make_cpu_packer, cpu_decide_kernels},
+#ifdef MOEKIT_WITH_CUDA
+      {RunnerKind::cuda, RunnerFormat::standard, cuda_supports, cuda_reads, make_cuda_core, nullptr,
+       cuda_decide_kernels},
+#endif
   };
   return table;
 }

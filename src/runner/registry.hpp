@@ -100,6 +100,13 @@ void cpu_decide_kernels(Plan& plan);
 Capability cpu_decode_supports(const Plan& plan);
 std::unique_ptr<FusedOp> make_cpu_decode_op(const Plan& plan, const ExpertsProblem& problem);
 
+#ifdef MOEKIT_WITH_CUDA
+Capability cuda_supports(const Deployment& deployment);
+Capability cuda_reads(const QuantParams& quant);
+std::unique_ptr<RunnerCore> make_cuda_core(const Plan& plan, const ExpertsProblem& problem);
+void cuda_decide_kernels(Plan& plan);
+#endif
+
 std::unique_ptr<PrePermute> make_pass_through_pre(const ExpertsProblem& problem);
 std::unique_ptr<PostPermute> make_pass_through_post(const ExpertsProblem& problem);
 std::unique_ptr<PrePermute> make_group_by_expert(const ExpertsProblem& problem);

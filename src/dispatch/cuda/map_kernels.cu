@@ -18,8 +18,7 @@ void map_to_local(const MapToLocalArgs& args, cudaStream_t stream) {
   if (args.entries == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (args.entries + kThreads - 1) / kThreads;
-  map_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(
-      args);
+  map_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(args);
   cuda_common::check_launch("map_to_local");
 }
 

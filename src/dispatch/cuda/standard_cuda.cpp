@@ -30,8 +30,7 @@ class CudaStandardDispatcher final : public Dispatcher {
                           void* scratch) override {
     const int64_t entries = hidden.dim(0) * p_.columns;
     if (entries > max_entries()) {
-      fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries,
-           max_entries());
+      fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
     ScratchCarver carver(scratch);
     int32_t* local_ids = carver.take<int32_t>(max_entries());

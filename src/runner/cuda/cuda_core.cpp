@@ -87,14 +87,14 @@ class CudaCore final : public RunnerCore {
                                .quant_group = static_cast<int>(x_group)},
                               stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
-    const cuda_gemm::GemmChoice choice{
-        .kernel = c.kernel == CudaGemmKernel::decode ? cuda_gemm::GemmKernel::decode
+    const cuda_gemm::GemmChoice choice{.kernel = c.kernel == CudaGemmKernel::decode
+                                                     ? cuda_gemm::GemmKernel::decode
                                                      : cuda_gemm::GemmKernel::prefill,
-        .token_tile = c.token_tile,
-        .gemm1_slices = c.gemm1_slices,
-        .gemm2_slices = c.gemm2_slices};
-    const auto weight_scales = [&](const StoredMatrices& m, const float* activation,
-                                   int64_t group, int64_t cols) {
+                                       .token_tile = c.token_tile,
+                                       .gemm1_slices = c.gemm1_slices,
+                                       .gemm2_slices = c.gemm2_slices};
+    const auto weight_scales = [&](const StoredMatrices& m, const float* activation, int64_t group,
+                                   int64_t cols) {
       return cuda_gemm::Fp8Scales{
           .weight = static_cast<const float*>(m.scale.data),
           .weight_block_rows = static_cast<int>(p_.quant.block_rows),
@@ -209,9 +209,9 @@ Capability cuda_supports(const Deployment& deployment) {
   for (const GpuInfo& gpu : platform.gpus) {
     if (gpu.index != device.index) continue;
     if (gpu.compute_major < 8) {
-      return Capability::No(fmt::format("GPU {} ({}) is sm_{}{}; the cuda core needs sm_80 or newer",
-                                        gpu.index, gpu.name, gpu.compute_major,
-                                        gpu.compute_minor));
+      return Capability::No(
+          fmt::format("GPU {} ({}) is sm_{}{}; the cuda core needs sm_80 or newer", gpu.index,
+                      gpu.name, gpu.compute_major, gpu.compute_minor));
     }
     return Capability::Yes(fmt::format(
         "GPU {} ({}, sm_{}{}, {} SMs): rows sorted by expert on the device, tensor-core GEMMs, "
@@ -232,9 +232,9 @@ Capability cuda_reads(const QuantParams& q) {
           "f32 weights have no tensor-core path in the cuda core; store them as bf16 or f16");
     case WeightFormat::fp8_block:
       if (q.block_rows != 128 || q.block_cols != 128) {
-        return Capability::No(fmt::format(
-            "the cuda core reads fp8-block with 128 x 128 weight blocks, not {} x {}",
-            q.block_rows, q.block_cols));
+        return Capability::No(
+            fmt::format("the cuda core reads fp8-block with 128 x 128 weight blocks, not {} x {}",
+                        q.block_rows, q.block_cols));
       }
       return Capability::Yes(
           "e4m3 weights with 128 x 128 scales and e4m3 activations per token per 128 columns; "

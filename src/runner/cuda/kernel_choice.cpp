@@ -8,17 +8,16 @@ namespace moekit::cuda {
 namespace {
 
 CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
-  return {up_to,
-          c.kernel == cuda_gemm::GemmKernel::decode ? CudaGemmKernel::decode
-                                                    : CudaGemmKernel::prefill,
-          c.token_tile, c.gemm1_slices, c.gemm2_slices};
+  return {
+      up_to,
+      c.kernel == cuda_gemm::GemmKernel::decode ? CudaGemmKernel::decode : CudaGemmKernel::prefill,
+      c.token_tile, c.gemm1_slices, c.gemm2_slices};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
-  return a.kernel == b.kernel && a.token_tile == b.token_tile &&
-         a.gemm1_slices == b.gemm1_slices && a.gemm2_slices == b.gemm2_slices;
+  return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
+         a.gemm2_slices == b.gemm2_slices;
 }
-
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
 // intermediate I, each token bringing `columns` rows.
@@ -66,8 +65,9 @@ CudaKernels choose_cuda_kernels(const Plan& plan) {
     if (gpu.index == k.device_index) k.sm_count = gpu.sm_count;
   }
   const ModelSpec& spec = plan.spec;
-  k.routed = runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
-                  spec.intermediate, plan.max_received_tokens, k.sm_count);
+  k.routed =
+      runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
+           spec.intermediate, plan.max_received_tokens, k.sm_count);
   if (plan.adds_shared_output) {
     k.shared = runs(plan, spec.n_shared, spec.n_shared, spec.shared_intermediate,
                     plan.options.max_tokens, k.sm_count);

@@ -1,0 +1,232 @@
+// The block stages on a GPU: the finite checks (recorded on the device, reported at
+// synchronize()), the router (top-k, the shared gate, logical -> physical with fused shared
+// slots), and the output sum. Each enqueues on the ExecContext's stream and never waits; the
+// router's weights (correction bias, shared gate, rank tables) are copied to the device once, at
+// load.
+
+#include <cmath>
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include "block/cuda/block_kernels.hpp"
+#include "block/cuda/output_kernels.hpp"
+#include "block/stages.hpp"
+#include "core/scratch.hpp"
+#include "moekit/error.hpp"
+#include "routing/cuda/route.hpp"
+
+namespace moekit {
+namespace {
+
+// A host array's values in a new tensor on `device`.
+template <typename T>
+Tensor to_device(const std::vector<T>& values, DType dtype, Device device) {
+  const Shape shape{static_cast<int64_t>(values.size())};
+  Tensor t = Tensor::empty(dtype, shape, device);
+  copy(t, TensorView::contiguous(const_cast<T*>(values.data()), dtype, shape));
+  return t;
+}
+
+class CudaFiniteChecks final : public FiniteChecks {
+ public:
+  explicit CudaFiniteChecks(const Plan& plan)
+      : status_(Tensor::empty(DType::i8,
+                              {static_cast<int64_t>(2 * sizeof(block::cuda::FiniteStatus))},
+                              plan.options.device)) {
+    reset();
+  }
+
+  int64_t scratch_bytes() const override { return 0; }
+
+  void run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
+           void*) const override {
+    check(hidden, 0, ctx.stream);
+    check(logits, 1, ctx.stream);
+  }
+
+  void report() override {
+    block::cuda::FiniteStatus found[2];
+    copy(TensorView::contiguous(found, DType::i8, {static_cast<int64_t>(sizeof(found))}), status_);
+    reset();
+    const char* names[2] = {"hidden_states", "router_logits"};
+    for (int i = 0; i < 2; ++i) {
+      const block::cuda::NonFiniteAt at = block::cuda::decode_finite_status(found[i]);
+      if (at.found) {
+        fail(Errc::invalid_argument, "{}: row {} has a non-finite value at column {}", names[i],
+             at.row, at.column);
+      }
+    }
+  }
+
+ private:
+  block::cuda::FiniteStatus* statuses() const {
+    return static_cast<block::cuda::FiniteStatus*>(status_.view().data);
+  }
+  void check(const TensorView& t, int which, cudaStream_t stream) const {
+    block::cuda::check_finite({.data = t.data,
+                               .dtype = t.dtype,
+                               .rows = t.dim(0),
+                               .columns = t.dim(1),
+                               .status = statuses() + which},
+                              stream);
+  }
+  void reset() {
+    block::cuda::reset_finite_status(statuses(), 2, nullptr);
+    synchronize_stream(nullptr);
+  }
+
+  Tensor status_;  // two FiniteStatus: hidden_states, router_logits
+};
+
+class CudaRouterStage final : public RouterStage {
+ public:
+  explicit CudaRouterStage(const Plan& plan)
+      : plan_(plan), top_k_(plan.spec.routing.top_k), columns_(top_k_ + plan.shared_slots) {
+    std::vector<int32_t> table;
+    for (const std::vector<int>& rank : plan.location.rank_table) {
+      table.insert(table.end(), rank.begin(), rank.end());
+    }
+    rank_table_ = to_device(table, DType::i32, plan.options.device);
+  }
+
+  int64_t scratch_bytes() const override {
+    ScratchCarver counter;
+    carve(counter);
+    return counter.bytes();
+  }
+
+  void load(const TensorView& correction_bias, const TensorView& shared_gate) override {
+    const ModelSpec& spec = plan_.spec;
+    const Device device = plan_.options.device;
+    if (spec.routing.correction_bias) {
+      bias_ = to_device(
+          host_values(correction_bias, "weights.correction_bias", Shape{spec.n_experts}, "[E]"),
+          DType::f32, device);
+    }
+    if (spec.shared_gate) {
+      gate_ = to_device(
+          host_values(shared_gate, "weights.shared_gate", Shape{1, spec.hidden}, "[1, H]"),
+          DType::f32, device);
+    }
+  }
+
+  Routing run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
+              void* scratch) override {
+    ScratchCarver carver(scratch);
+    const Arrays a = carve(carver);
+    const int64_t T = hidden.dim(0);
+    const ModelSpec& spec = plan_.spec;
+    routing::cuda::route(
+        {.logits = logits.data,
+         .logits_dtype = logits.dtype,
+         .tokens = T,
+         .n_experts = spec.n_experts,
+         .spec = spec.routing,
+         .correction_bias = spec.routing.correction_bias ? bias_.data<float>() : nullptr,
+         .ids = a.logical_ids,
+         .weights = a.logical_weights},
+        ctx.stream);
+    if (spec.shared_gate) {
+      block::cuda::shared_gate({.hidden = hidden.data,
+                                .hidden_dtype = hidden.dtype,
+                                .tokens = T,
+                                .hidden_size = spec.hidden,
+                                .gate = gate_.data<float>(),
+                                .out = a.shared_gate},
+                               ctx.stream);
+    }
+    routing::cuda::to_physical({.logical_ids = a.logical_ids,
+                                .logical_weights = a.logical_weights,
+                                .tokens = T,
+                                .top_k = top_k_,
+                                .rank_table = rank_table_.data<int32_t>(),
+                                .n_logical = spec.n_experts,
+                                .ep_size = plan_.location.ep_size,
+                                .shared_slots = plan_.shared_slots,
+                                .first_shared_id = plan_.location.physical,
+                                .shared_slot_weight = plan_.shared_slot_weight,
+                                .shared_gate = spec.shared_gate ? a.shared_gate : nullptr,
+                                .ids = a.physical_ids,
+                                .weights = a.physical_weights},
+                               ctx.stream);
+    return {a.logical_ids, a.logical_weights, a.physical_ids, a.physical_weights,
+            spec.shared_gate ? a.shared_gate : nullptr};
+  }
+
+ private:
+  struct Arrays {
+    int32_t* logical_ids;
+    float* logical_weights;
+    int32_t* physical_ids;
+    float* physical_weights;
+    float* shared_gate;
+  };
+  Arrays carve(ScratchCarver& carver) const {
+    const int64_t T = plan_.options.max_tokens;
+    return {carver.take<int32_t>(T * top_k_), carver.take<float>(T * top_k_),
+            carver.take<int32_t>(T * columns_), carver.take<float>(T * columns_),
+            carver.take<float>(plan_.spec.shared_gate ? T : 0)};
+  }
+
+  // The values of a router weight the caller hands over on the CPU, checked: finite, the shape
+  // and a float dtype.
+  static std::vector<float> host_values(const TensorView& t, const char* name, Shape shape,
+                                        const char* shape_text) {
+    const bool dtype_ok = t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16;
+    if (t.data == nullptr || !(t.shape == shape) || !dtype_ok || t.device.kind != DeviceKind::cpu ||
+        !t.is_contiguous()) {
+      fail(Errc::invalid_argument, "{}: expected contiguous floats {} on the CPU, got {}", name,
+           shape_text, t.data == nullptr ? std::string("nothing") : t.describe());
+    }
+    std::vector<float> values(static_cast<size_t>(t.numel()));
+    convert_to_f32(t.data, t.dtype, t.numel(), values.data());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        fail(Errc::invalid_argument, "{}: element [{}] is {}", name, i, values[i]);
+      }
+    }
+    return values;
+  }
+
+  const Plan& plan_;
+  int top_k_;
+  int columns_;
+  Tensor rank_table_;  // [ep_size, E] int32
+  Tensor bias_;        // [E] f32
+  Tensor gate_;        // [H] f32
+};
+
+class CudaOutputSum final : public OutputSum {
+ public:
+  explicit CudaOutputSum(const Plan& plan) : hidden_(plan.spec.hidden) {}
+
+  void run(const ExecContext& ctx, float* routed, const float* shared, const float* shared_gate,
+           const TensorView& output) const override {
+    block::cuda::output_sum({.routed = routed,
+                             .shared = shared,
+                             .shared_gate = shared_gate,
+                             .tokens = output.dim(0),
+                             .hidden = hidden_,
+                             .output = output.data,
+                             .output_dtype = output.dtype},
+                            ctx.stream);
+  }
+
+ private:
+  int64_t hidden_;
+};
+
+}  // namespace
+
+std::unique_ptr<FiniteChecks> make_cuda_finite_checks(const Plan& plan) {
+  return std::make_unique<CudaFiniteChecks>(plan);
+}
+std::unique_ptr<RouterStage> make_cuda_router(const Plan& plan) {
+  return std::make_unique<CudaRouterStage>(plan);
+}
+std::unique_ptr<OutputSum> make_cuda_output_sum(const Plan& plan) {
+  return std::make_unique<CudaOutputSum>(plan);
+}
+
+}  // namespace moekit

@@ -1,0 +1,333 @@
+// The whole layer on the GPU (runner cuda) against the float64 oracle: every weight format the
+// cuda core reads, the routing variants and activations, the three block forms, expert parallel
+// ranks with replicas, odd shapes; outputs poisoned on the device first. Skipped with the
+// runtime's reason where no GPU is usable.
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_support.hpp"
+#include "support/layer_fixture.hpp"
+
+namespace moekit::test {
+namespace {
+
+using cuda_testing::download;
+
+struct CudaLayerCase {
+  std::string name;
+  ModelSpec spec;
+  QuantParams weights;
+  BlockForm form = BlockForm::standard;
+  DType hidden = DType::bf16;
+  int64_t tokens = 3;
+  int ep_size = 1;
+  int redundant = 0;
+};
+
+ModelSpec small_softmax(int experts, int top_k, bool renormalize, int64_t H = 64,
+                        int64_t I = 40) {
+  ModelSpec spec;
+  spec.name = "small-softmax";
+  spec.hidden = H;
+  spec.intermediate = I;
+  spec.n_experts = experts;
+  spec.routing = {.scoring = Scoring::softmax, .top_k = top_k, .renormalize = renormalize};
+  return spec;
+}
+
+ModelSpec with_activation(ModelSpec spec, Activation activation) {
+  spec.activation = activation;
+  return spec;
+}
+
+ModelSpec qwen2_shared_gate() {
+  ModelSpec spec = small_softmax(8, 2, false);
+  spec.n_shared = 1;
+  spec.shared_intermediate = 80;
+  spec.shared_gate = true;
+  return spec;
+}
+
+ModelSpec sqrt_softplus() {
+  ModelSpec spec = small_softmax(12, 3, true);
+  spec.routing.scoring = Scoring::sqrt_softplus;
+  spec.routing.routed_scaling_factor = 1.5f;
+  return spec;
+}
+
+// Odd sizes: H and I not multiples of 128 (nor of 16 for the fp8 formats), E not a power of two.
+ModelSpec odd_dsv3() {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 136;
+  spec.intermediate = 40;
+  spec.n_experts = 12;
+  spec.routing.n_group = 3;
+  spec.routing.topk_group = 2;
+  spec.shared_intermediate = 80;
+  return spec;
+}
+
+std::vector<CudaLayerCase> cases() {
+  const std::pair<std::string, QuantParams> formats[] = {
+      {"bf16", WeightFormat::bf16},
+      {"f16", WeightFormat::f16},
+      {"fp8_block", QuantParams::Fp8Block(128)},
+      {"fp8_tensor", QuantParams::Fp8Tensor(Fp8Scaling::per_tensor)},
+      {"fp8_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)}};
+  const std::pair<std::string, ModelSpec> specs[] = {
+      {"dsv3", small_dsv3()},
+      {"odd_dsv3", odd_dsv3()},
+      {"qwen", small_softmax(16, 4, true)},
+      {"mixtral_top1", small_softmax(8, 1, false)},
+      {"gelu", with_activation(small_softmax(8, 2, true), Activation::GeluGated())},
+      {"swiglu_oai", with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
+      {"sqrt_softplus", sqrt_softplus()},
+      {"qwen2_shared_gate", qwen2_shared_gate()},
+  };
+  std::vector<CudaLayerCase> out;
+  for (const auto& [fname, format] : formats) {
+    for (const auto& [sname, spec] : specs) {
+      for (int64_t tokens : {1, 3, 257}) {
+        out.push_back({fname + "_" + sname + "_T" + std::to_string(tokens), spec, format,
+                       BlockForm::standard, DType::bf16, tokens});
+      }
+    }
+    for (BlockForm form : {BlockForm::overlapped, BlockForm::fused_slot}) {
+      out.push_back({fname + "_dsv3_" + std::string(block_form_name(form)), small_dsv3(), format,
+                     form, DType::bf16, 64});
+    }
+    out.push_back({fname + "_dsv3_f32_hidden", small_dsv3(), format, BlockForm::standard,
+                   DType::f32, 5});
+    out.push_back({fname + "_dsv3_f16_hidden", small_dsv3(), format, BlockForm::standard,
+                   DType::f16, 5});
+    out.push_back({fname + "_dsv3_ep2_redundant", small_dsv3(), format, BlockForm::standard,
+                   DType::bf16, 9, 2, 2});
+    out.push_back({fname + "_dsv3_ep4", small_dsv3(), format, BlockForm::fused_slot, DType::bf16,
+                   1000, 4, 0});
+  }
+  for (auto& c : out) {
+    for (char& ch : c.name) {
+      if (ch == '-') ch = '_';
+    }
+  }
+  return out;
+}
+
+// Host inputs on the GPU, the output poisoned there.
+struct DeviceRun {
+  Tensor hidden, logits, output, ids, weights;
+};
+
+DeviceRun device_inputs(const Inputs& in, int64_t T, int64_t H, int k) {
+  DeviceRun d;
+  const auto up = [](const Tensor& host) {
+    Tensor t = Tensor::empty(host.view().dtype, host.view().shape, Device::cuda(0));
+    copy(t, host);
+    return t;
+  };
+  d.hidden = up(in.hidden);
+  d.logits = up(in.logits);
+  d.output = cuda_testing::poisoned(in.hidden.view().dtype, {T, H});
+  d.ids = cuda_testing::poisoned(DType::i32, {T, k});
+  d.weights = cuda_testing::poisoned(DType::f32, {T, k});
+  return d;
+}
+
+class CudaLayer : public ::testing::TestWithParam<CudaLayerCase> {};
+
+TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
+  MOEKIT_REQUIRE_GPU();
+  const CudaLayerCase& c = GetParam();
+  const ModelSpec& spec = c.spec;
+  const int64_t T = c.tokens, H = spec.hidden;
+  const int k = spec.routing.top_k;
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  options.weights = c.weights;
+  options.form = c.form;
+  options.max_tokens = std::max<int64_t>(T, 8);
+  const RandomWeights given = RandomWeights::make(spec, DType::bf16, 21);
+  const QuantizedLayerWeights quantized = quantize_layer(given.view(), c.weights);
+  const LayerWeights& held = c.weights.quantized() ? quantized.view() : given.view();
+  const Inputs in = random_inputs(spec, T, c.hidden, 22);
+  std::vector<double> sum(static_cast<size_t>(T * H), 0.0);
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  for (int rank = 0; rank < c.ep_size; ++rank) {
+    options.ep = ExpertParallel::Rank(c.ep_size, rank, c.redundant);
+    const Plan plan = resolve(spec, options, Platform::probe());
+    MoeLayer layer(plan, given.view());
+    DeviceRun d = device_inputs(in, T, H, k);
+    const RoutingResult routing{d.ids, d.weights};
+    layer.forward(d.hidden, d.logits, d.output, &routing);
+    Tensor out = Tensor::empty(d.output.view().dtype, d.output.view().shape);
+    copy(out, d.output);
+    const std::vector<double> part = to_doubles(out.view());
+    for (size_t i = 0; i < part.size(); ++i) sum[i] += part[i];
+    if (rank == 0) {
+      ids = download<int32_t>(d.ids);
+      weights = download<float>(d.weights);
+    }
+  }
+  const OracleComparison comparison =
+      compare_with_oracle(spec, held, c.weights, in.hidden, ids, weights, sum);
+  // The GEMMs take their inputs in the weights' dtype (bf16/f16 or e4m3 by the format's rule), as
+  // tensor cores do; bf16 then adds its rounding of the activations to the output's.
+  const double tolerance = c.weights.quantized() ? 1e-3 : 2e-2;
+  EXPECT_LT(comparison.error, tolerance);
+  EXPECT_LE(comparison.rounded_apart, std::max<int64_t>(1, T / 64));
+}
+
+std::string case_name(const ::testing::TestParamInfo<CudaLayerCase>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaLayer, ::testing::ValuesIn(cases()), case_name);
+
+TEST(CudaLayer, AnEmptyBatchWritesNothing) {
+  MOEKIT_REQUIRE_GPU();
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  const ModelSpec spec = small_dsv3();
+  const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
+  MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+  const Tensor hidden = Tensor::empty(DType::bf16, {0, spec.hidden}, Device::cuda(0));
+  const Tensor logits = Tensor::empty(DType::f32, {0, spec.n_experts}, Device::cuda(0));
+  const Tensor output = Tensor::empty(DType::bf16, {0, spec.hidden}, Device::cuda(0));
+  EXPECT_NO_THROW(layer.forward(hidden, logits, output));
+}
+
+TEST(CudaLayer, ANonFiniteInputIsReportedAtSynchronizeNamingItsRow) {
+  MOEKIT_REQUIRE_GPU();
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  const ModelSpec spec = small_dsv3();
+  const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
+  MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+  Inputs in = random_inputs(spec, 4, DType::f32, 5);
+  in.logits.data<float>()[2 * spec.n_experts + 7] = NAN;
+  DeviceRun d = device_inputs(in, 4, spec.hidden, spec.routing.top_k);
+  layer.forward(d.hidden, d.logits, d.output, nullptr, nullptr);
+  try {
+    layer.synchronize();
+    FAIL() << "a NaN logit was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("router_logits: row 2"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(layer.synchronize()) << "a report clears what it reported";
+}
+
+// A whole forward captured in one CUDA graph and replayed on new inputs written into the same
+// buffers gives the eager result bit for bit; a host sync, allocation or pageable copy inside
+// forward would make the capture fail.
+TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
+  MOEKIT_REQUIRE_GPU();
+  for (BlockForm form : {BlockForm::standard, BlockForm::overlapped}) {
+    SCOPED_TRACE(block_form_name(form));
+    Options options;
+    options.runner = RunnerKind::cuda;
+    options.device = Device::cuda(0);
+    options.form = form;
+    options.weights = QuantParams::Fp8Block(128);
+    options.max_tokens = 16;
+    const ModelSpec spec = small_dsv3();
+    const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
+    MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    DeviceRun d = device_inputs(random_inputs(spec, 16, DType::bf16, 7), 16, spec.hidden,
+                                spec.routing.top_k);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+    const Inputs fresh = random_inputs(spec, 16, DType::bf16, 8);
+    copy(d.hidden, fresh.hidden);
+    copy(d.logits, fresh.logits);
+    d.output.fill_bytes(cuda_testing::kPoison);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<uint16_t> replayed = download<uint16_t>(d.output);
+
+    d.output.fill_bytes(cuda_testing::kPoison);
+    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+    layer.synchronize();
+    const std::vector<uint16_t> eager = download<uint16_t>(d.output);
+    EXPECT_EQ(replayed, eager);
+    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+    layer.synchronize();
+    EXPECT_EQ(download<uint16_t>(d.output), eager) << "the same inputs gave other bits";
+
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// resolve's GPU refusals, on a Platform that describes GPUs (no GPU needed).
+Platform with_gpu(int major, int minor) {
+  Platform p = Platform::cpu_only(2);
+  p.cuda_runtime = true;
+  p.gpus.push_back({.index = 0, .compute_major = major, .compute_minor = minor, .name = "test GPU",
+                    .sm_count = 132, .memory_bytes = 1LL << 36, .l2_bytes = 60 << 20});
+  return p;
+}
+
+struct Refusal {
+  const char* name;
+  Platform platform;
+  Device device;
+  QuantParams weights;
+  const char* reason;
+};
+
+TEST(CudaResolve, RefusesWhatTheCudaCoreCannotRunNamingWhy) {
+  const Refusal refusals[] = {
+      {"below sm_80", with_gpu(7, 5), Device::cuda(0), WeightFormat::bf16, "sm_75"},
+      {"an absent device", with_gpu(9, 0), Device::cuda(3), WeightFormat::bf16, "no GPU 3"},
+      {"no GPU at all", Platform::cpu_only(2), Device::cuda(0), WeightFormat::bf16, "no GPU"},
+      {"int4", with_gpu(9, 0), Device::cuda(0), WeightFormat::int4_group, "INT4"},
+      {"f32 weights", with_gpu(9, 0), Device::cuda(0), WeightFormat::f32, "f32"},
+      {"fp8 blocks of 64", with_gpu(9, 0), Device::cuda(0), QuantParams::Fp8Block(64), "128 x 128"},
+      {"static fp8 activations", with_gpu(9, 0), Device::cuda(0),
+       QuantParams::Fp8Tensor(Fp8Scaling::per_tensor, Fp8Activations::static_), "static"},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.name);
+    Options options;
+    options.runner = RunnerKind::cuda;
+    options.device = r.device;
+    options.weights = r.weights;
+    const Resolution resolution = try_resolve(small_dsv3(), options, r.platform);
+    ASSERT_FALSE(resolution.plan.has_value());
+    EXPECT_NE(resolution.refusal.find(r.reason), std::string::npos) << resolution.refusal;
+  }
+}
+
+TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
+  Options options;
+  options.runner = RunnerKind::auto_;
+  options.device = Device::cuda(0);
+  options.weights = QuantParams::Fp8Block(128);
+  options.max_tokens = 4096;
+  const Plan plan = resolve(ModelSpec::preset("dsv3"), options, with_gpu(9, 0));
+  EXPECT_EQ(plan.runner, RunnerKind::cuda);
+  EXPECT_EQ(plan.stages, "cuda");
+  ASSERT_TRUE(plan.cuda_kernels.has_value());
+  ASSERT_FALSE(plan.cuda_kernels->routed.empty());
+  EXPECT_EQ(plan.cuda_kernels->routed.back().up_to_tokens, 4096);
+  EXPECT_EQ(plan.cuda_kernels->routed.front().kernel, CudaGemmKernel::decode);
+  EXPECT_EQ(plan.cuda_kernels->routed.back().kernel, CudaGemmKernel::prefill);
+}
+
+}  // namespace
+}  // namespace moekit::test
