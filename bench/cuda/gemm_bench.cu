@@ -6,7 +6,11 @@
 // warm-ups, all enqueued before the first is waited for.
 // floor = max(bytes of the distinct experts' weights / 4.44 TB/s, FLOPs / tensor peak).
 //
-//   gemm_bench [--quick]     prints one line per case and a table last
+//   gemm_bench [--quick] [--no-others] [--json FILE]
+//     --quick      T <= 64 only
+//     --no-others  only the heuristic's choice (not also the other kernel on each case)
+//     --json FILE  the results as JSON
+// prints one line per case, a table, and a one-line summary last.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -271,7 +275,23 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, others = true;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--no-others") {
+      others = false;
+    } else if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "gemm_bench: unknown argument '%s'\n", arg.c_str());
+      return 2;
+    }
+  }
+  int sm_count = 0;
+  check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "SM count");
   const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768};
   std::vector<Result> results;
   for (const Model& m : {dsv3, qwen}) {
@@ -289,9 +309,10 @@ int main(int argc, char** argv) {
       check(cudaDeviceSynchronize(), "init");
       for (int T : ts) {
         if (quick && T > 64) continue;
-        const GemmChoice chosen = choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, 132});
+        const GemmChoice chosen = choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count});
         results.push_back(run_case(m, dtype, T, chosen, w13, w2, w13_scales, w2_scales));
         // The other kernels and tiles on the same case, to check the heuristic against.
+        if (!others) continue;
         for (const GemmChoice& other :
              {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1}}) {
           if (other.str() == chosen.str()) continue;
@@ -313,5 +334,35 @@ int main(int argc, char** argv) {
                 r.choice.c_str(), r.ms_total * 1e3, r.ms_gemm1 * 1e3, r.ms_gemm2 * 1e3,
                 r.floor_ms * 1e3, 100.0 * r.floor_ms / r.ms_total);
   }
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "gemm_bench: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\"bandwidth_tbps\": %.2f, \"peak_bf16_tflops\": %.0f, "
+                 "\"peak_fp8_tflops\": %.0f, \"cases\": [\n",
+                 kBandwidth / 1e12, kPeakBf16 / 1e12, kPeakFp8 / 1e12);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "  {\"case\": \"%s\", \"kernel\": \"%s\", \"us\": %.2f, \"gemm1_us\": %.2f, "
+                   "\"gemm2_us\": %.2f, \"floor_us\": %.2f, \"percent_of_floor\": %.1f, "
+                   "\"tbps\": %.3f, \"tflops\": %.1f}%s\n",
+                   r.label.c_str(), r.choice.c_str(), r.ms_total * 1e3, r.ms_gemm1 * 1e3,
+                   r.ms_gemm2 * 1e3, r.floor_ms * 1e3, 100.0 * r.floor_ms / r.ms_total, r.tbps,
+                   r.tflops, i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  double lowest = 100.0, highest = 0.0;
+  for (const Result& r : results) {
+    lowest = std::min(lowest, 100.0 * r.floor_ms / r.ms_total);
+    highest = std::max(highest, 100.0 * r.floor_ms / r.ms_total);
+  }
+  std::printf("gemm_bench: %zu cases, %.1f%% to %.1f%% of floor\n", results.size(), lowest,
+              highest);
   return 0;
 }

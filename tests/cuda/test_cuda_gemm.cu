@@ -28,8 +28,8 @@ TEST_P(CudaGemm, MatchesFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaGemm, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<GemmCase>& info) {
-                           return info.param.name;
+                         [](const ::testing::TestParamInfo<GemmCase>& param) {
+                           return param.param.name;
                          });
 
 TEST(CudaGemmChoice, Fp8DecodesUpToFourRowsPerExpert) {

@@ -258,10 +258,10 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombinePerThread = 4;
 
 __global__ void combine_kernel(CombineParams p) {
-  const int64_t t = blockIdx.y;
+  const int64_t t = blockIdx.x;  // x: a grid's y and z stop at 65535
   const int64_t H = p.hidden_size;
   const int64_t first =
-      static_cast<int64_t>(blockIdx.x) * kCombineThreads * kCombinePerThread + threadIdx.x;
+      static_cast<int64_t>(blockIdx.y) * kCombineThreads * kCombinePerThread + threadIdx.x;
   float sum[kCombinePerThread] = {};
   for (int j = 0; j < p.columns; ++j) {
     const int64_t entry = t * p.columns + j;
@@ -327,7 +327,8 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
                                   str(args.capacity) + " is below the batch's " + str(args.tokens) +
                                   " tokens");
   }
-  if (sort_max_rows(entries, args.n_slots, args.tile, args.capacity) >= (int64_t{1} << 31)) {
+  const int64_t max_rows = sort_max_rows(entries, args.n_slots, args.tile, args.capacity);
+  if (max_rows >= (int64_t{1} << 31)) {
     cuda_errors::invalid_argument("sort_by_slot: the grouped layout would exceed 2^31 rows");
   }
   if ((args.global_to_local != nullptr) != (args.n_global > 0)) {
@@ -339,8 +340,11 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
                                   " slots are more than the GPU sort handles (" +
                                   str(kSharedLimit / kChunkWarps / 4) + ")");
   }
-  if (args.ids == nullptr || args.counts == nullptr || args.offsets == nullptr ||
-      args.row_source == nullptr || (entries > 0 && args.entry_row == nullptr)) {
+  // An empty batch still writes counts and offsets (all rows unused); ids, entry_row and
+  // row_source may then be empty.
+  if (args.counts == nullptr || args.offsets == nullptr ||
+      (entries > 0 && (args.ids == nullptr || args.entry_row == nullptr)) ||
+      (max_rows > 0 && args.row_source == nullptr)) {
     cuda_errors::invalid_argument("sort_by_slot: ids and the outputs must not be null");
   }
   const SortParams p{
