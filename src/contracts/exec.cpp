@@ -1,4 +1,5 @@
 #include "contracts/exec.hpp"
+#include "contracts/rows.hpp"
 
 #ifdef MOEKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -7,6 +8,13 @@
 #include "moekit/error.hpp"
 
 namespace moekit {
+
+float* ActivationRows::f32() const {
+  if (dtype != DType::f32) {
+    fail(Errc::internal, "rows of {} handed to a stage that reads f32 rows", dtype_name(dtype));
+  }
+  return static_cast<float*>(data);
+}
 
 ThreadPool& ExecContext::threads() const {
   if (pool == nullptr) fail(Errc::internal, "a CPU stage was given no thread pool");

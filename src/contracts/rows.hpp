@@ -29,6 +29,8 @@ struct ActivationRows {
     return {codes, DType::f8e4m3, rows, cols, scales, group};
   }
   int64_t row_bytes() const { return dtype_storage_bytes(dtype, cols); }
+  // The rows as f32 values, for a stage that reads only those (an internal error otherwise).
+  float* f32() const;
 };
 
 // The standard dispatch format: rows in token order, each with `columns` (slot, weight) pairs;
@@ -46,9 +48,8 @@ struct DispatchOutput {
 
 // The contiguous format: rows grouped by slot, slot s owning rows [offsets[s], offsets[s+1]).
 struct ContiguousRows {
-  float* rows = nullptr;     // [n_rows, H] inputs
-  float* row_out = nullptr;  // [n_rows, H] expert outputs, unweighted
-  int64_t n_rows = 0;
+  ActivationRows rows;                    // [n_rows, H] inputs (f32 for the cpu core)
+  float* row_out = nullptr;               // [n_rows, H] expert outputs, unweighted
   const int64_t* offsets = nullptr;       // [slots + 1]
   const int32_t* row_of_entry = nullptr;  // [T * columns]: the row of entry (t, j), or -1
   DType activations = DType::f32;         // the dtype the rows came in as

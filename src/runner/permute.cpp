@@ -59,8 +59,8 @@ class GroupByExpert final : public PrePermute {
       }
     });
     batch.standard = &input;
-    batch.contiguous = {a.rows,    a.row_out,      a.offsets[p_.slots],
-                        a.offsets, a.row_of_entry, input.hidden.dtype};
+    batch.contiguous = {ActivationRows::Float(a.rows, DType::f32, a.offsets[p_.slots], p_.hidden),
+                        a.row_out, a.offsets, a.row_of_entry, input.hidden.dtype};
   }
 
  private:

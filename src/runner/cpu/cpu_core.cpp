@@ -50,7 +50,7 @@ class CpuCore final : public RunnerCore {
     const QuantParams& q = weights.quant;
 
     if (q.quantizes_activations()) {
-      quantize_rows(pool, q, weights.w13_input_scale, rows.rows, rows.n_rows, H);
+      quantize_rows(pool, q, weights.w13_input_scale, rows.rows.f32(), rows.rows.rows, H);
     }
     for_each_block(pool, rows, I, kGateUpBlock, workers,
                    [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
@@ -59,14 +59,14 @@ class CpuCore final : public RunnerCore {
                        dequantize_row(q, weights.w13, slot, i, w.a);
                        dequantize_row(q, weights.w13, slot, I + i, w.b);
                        for (int64_t r = first; r < last; ++r) {
-                         const float* x = rows.rows + r * H;
+                         const float* x = rows.rows.f32() + r * H;
                          act[r * I + i] = kernels::activate(p_.activation, kernels::dot(w.a, x, H),
                                                             kernels::dot(w.b, x, H));
                        }
                      }
                    });
     if (q.quantizes_activations()) {
-      quantize_rows(pool, q, weights.w2_input_scale, act, rows.n_rows, I);
+      quantize_rows(pool, q, weights.w2_input_scale, act, rows.rows.rows, I);
     }
     for_each_block(pool, rows, H, kDownBlock, workers,
                    [&](const WorkerRows& w, int64_t slot, int64_t first, int64_t last,
@@ -143,12 +143,13 @@ class PanelCore final : public RunnerCore {
     const ContiguousRows& rows = batch.contiguous;
     ScratchCarver carver(scratch);
     const Own own = carve(carver);
-    for (int64_t r = 0; r < rows.n_rows; ++r) {
+    for (int64_t r = 0; r < rows.rows.rows; ++r) {
       own.out_row[r] = static_cast<int32_t>(r);
       own.weight[r] = 1.0f;
     }
-    const cpu::GroupedRows grouped{rows.rows,  rows.n_rows,  rows.offsets, own.out_row,
-                                   own.weight, rows.row_out, rows.n_rows,  rows.activations};
+    const cpu::GroupedRows grouped{rows.rows.f32(), rows.rows.rows,  rows.offsets,
+                                   own.out_row,     own.weight,      rows.row_out,
+                                   rows.rows.rows,  rows.activations};
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, ctx.threads());
   }
 
