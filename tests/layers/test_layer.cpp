@@ -175,6 +175,7 @@ TEST_P(LayerPath, MatchesFloat64OracleAtEveryBatchSize) {
     ASSERT_FALSE(plan.fused_op.has_value()) << plan.explain();
   }
   const RandomWeights weights = RandomWeights::make(spec, random_weights_dtype(c.weights), 11);
+  const OracleLayer oracle(spec, weights.view(), WeightFormat::f32);
   MoeLayer layer(plan, weights.view());
   for (int64_t tokens : c.path.tokens) {
     SCOPED_TRACE(fmt::format("T={}", tokens));
@@ -182,8 +183,7 @@ TEST_P(LayerPath, MatchesFloat64OracleAtEveryBatchSize) {
     const LayerRun run = run_layer(layer, in);
     const OracleRouting routing = oracle_routing(spec, weights.view(), in, run);
     EXPECT_TRUE(routing.agrees());
-    EXPECT_TRUE(compare_with_oracle(spec, weights.view(), WeightFormat::f32, in, routing, run)
-                    .within(tolerance(c.hidden)))
+    EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(c.hidden)))
         << plan.explain();
   }
 }

@@ -153,14 +153,25 @@ const QuantizedLayerWeights& quantized_layer(const ModelSpec& spec, const Varian
   return *quantized;
 }
 
+// The oracle of a shape in a variant's format; made once per shape and variant.
+const OracleLayer& oracle_layer(const ModelSpec& spec, const Variant& variant) {
+  static std::map<std::string, std::unique_ptr<OracleLayer>> made;
+  std::unique_ptr<OracleLayer>& oracle = made[spec.name + "/" + variant.name];
+  if (!oracle) {
+    oracle = std::make_unique<OracleLayer>(spec, quantized_layer(spec, variant).view(),
+                                           variant.params);
+  }
+  return *oracle;
+}
+
 std::string test_name(std::string name) {
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
 
-// Every format and variant, on every path of every kernel set, with f32, bf16 and f16 hidden
-// states and several batch sizes through one layer, on both shapes, against the oracle of its
-// format.
+// Every format and variant, on every path of every kernel set, with f32 and bf16 hidden states
+// (f16: tests/runner/test_cpu_layer.cpp) and several batch sizes through one layer, on both
+// shapes, against the oracle of its format.
 
 struct Path {
   const char* name;
@@ -190,16 +201,13 @@ struct PathCase {
   KernelSet set;
   Variant variant;
   LayerShape shape;
-  Path path;
 };
 
 std::vector<PathCase> path_cases() {
   std::vector<PathCase> cases;
   for (KernelSet set : kKernelSets) {
-    for (const Path& path : paths(set)) {
-      for (const Variant& variant : every_variant()) {
-        for (const LayerShape& shape : shapes()) cases.push_back({set, variant, shape, path});
-      }
+    for (const Variant& variant : every_variant()) {
+      for (const LayerShape& shape : shapes()) cases.push_back({set, variant, shape});
     }
   }
   return cases;
@@ -207,37 +215,42 @@ std::vector<PathCase> path_cases() {
 
 class QuantizedLayerPath : public KernelSetTest<PathCase> {};
 
-TEST_P(QuantizedLayerPath, MatchesTheOracleOfItsFormat) {
+// One case per format, shape and set, looping over the paths: most of a case's time is making
+// the layer's weights and the oracle, which the paths share.
+TEST_P(QuantizedLayerPath, MatchesTheOracleOfItsFormatOnEveryPath) {
   const PathCase& c = GetParam();
   const ModelSpec& spec = c.shape.spec;
   const QuantParams& quant = c.variant.params;
-  Options options;
-  options.runner = c.path.runner;
-  options.weights = quant;
-  options.max_tokens = c.path.max_tokens;
-  options.fused_ops = c.path.fused_ops;
-  const Plan plan = resolve(spec, options, platform(2));
-  ASSERT_EQ(plan.fused_op.has_value(), c.path.fused_op) << plan.explain();
   const LayerWeights oracle_weights = quantized_layer(spec, c.variant).view();
-  MoeLayer layer(plan, float_layer(spec).view(quant));
-  for (DType hidden : {DType::f32, DType::bf16, DType::f16}) {
-    for (int64_t tokens : c.path.tokens) {
-      SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
-      const Inputs in = random_inputs(spec, tokens, hidden, 63 + static_cast<uint64_t>(tokens));
-      const LayerRun run = run_layer(layer, in);
-      const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
-      EXPECT_TRUE(routing.agrees());
-      EXPECT_TRUE(compare_with_oracle(spec, oracle_weights, quant, in, routing, run)
-                      .within(tolerance(hidden)))
-          << plan.explain();
+  const OracleLayer& oracle = oracle_layer(spec, c.variant);
+  for (const Path& path : paths(c.set)) {
+    SCOPED_TRACE(path.name);
+    Options options;
+    options.runner = path.runner;
+    options.weights = quant;
+    options.max_tokens = path.max_tokens;
+    options.fused_ops = path.fused_ops;
+    const Plan plan = resolve(spec, options, platform(2));
+    ASSERT_EQ(plan.fused_op.has_value(), path.fused_op) << plan.explain();
+    MoeLayer layer(plan, float_layer(spec).view(quant));
+    for (DType hidden : {DType::f32, DType::bf16}) {
+      for (int64_t tokens : path.tokens) {
+        SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
+        const Inputs in = random_inputs(spec, tokens, hidden, 63 + static_cast<uint64_t>(tokens));
+        const LayerRun run = run_layer(layer, in);
+        const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
+        EXPECT_TRUE(routing.agrees());
+        EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(hidden)))
+            << plan.explain();
+      }
     }
   }
 }
 
 std::string path_case_name(const ::testing::TestParamInfo<PathCase>& info) {
   const PathCase& c = info.param;
-  return test_name(fmt::format("{}_{}_{}_{}", kernel_set_test_name(c.set), c.variant.name,
-                               c.shape.name, c.path.name));
+  return test_name(
+      fmt::format("{}_{}_{}", kernel_set_test_name(c.set), c.variant.name, c.shape.name));
 }
 
 void PrintTo(const PathCase& c, std::ostream* os) {

@@ -71,23 +71,22 @@ const Path kPaths[] = {{"fused_decode", 4, FusedOps::auto_, {0, 1, 3}},
                        {"fused_batch", 64, FusedOps::auto_, {1, 3, 40}},
                        {"core", 64, FusedOps::off, {0, 1, 3, 40}}};
 
-// A kernel shape as a layer. Float formats take it as it is (H and I not multiples of 8, and H
-// odd); the quantised formats take the shape doubled, so that every scale block and group they
-// define still has whole int4 bytes and an even split of the shared expert.
-ModelSpec layer_spec(const KernelShape& shape, const QuantParams& quant) {
-  const int64_t scale = quant.quantized() ? 2 : 1;
+// A kernel shape as a layer, as it is: H and I not multiples of 8 or 16 reach the part-filled
+// panels and partial scale groups at layer level too.
+ModelSpec layer_spec(const KernelShape& shape) {
   ModelSpec spec = small_dsv3();
   spec.name = "cpu-layer-" + shape.name;
-  spec.hidden = shape.hidden * scale;
-  spec.intermediate = shape.intermediate * scale;
-  spec.shared_intermediate = shape.intermediate * 2 * scale;
+  spec.hidden = shape.hidden;
+  spec.intermediate = shape.intermediate;
+  spec.shared_intermediate = shape.intermediate * 2;
   return spec;
 }
 
-// The kernels' shapes, and for float formats an odd H with an I of neither 8 nor 16 rows.
+// The kernels' shapes, and for every format but int4 (which packs two values per byte along
+// both H and I) an odd H with an I of neither 8 nor 16 rows.
 std::vector<KernelShape> layer_shapes(const QuantParams& quant) {
   std::vector<KernelShape> shapes = kernel_shapes();
-  if (!quant.quantized()) shapes.push_back({"odd", 37, 13});
+  if (quant.weight_dtype != DType::i4) shapes.push_back({"odd", 37, 13});
   return shapes;
 }
 
@@ -95,16 +94,13 @@ struct LayerCase {
   KernelSet set;
   KernelFormat format;
   KernelShape shape;
-  Path path;
 };
 
 std::vector<LayerCase> layer_cases() {
   std::vector<LayerCase> cases;
   for (KernelSet set : kKernelSets) {
     for (const KernelFormat& f : kernel_formats()) {
-      for (const KernelShape& s : layer_shapes(f.params)) {
-        for (const Path& p : kPaths) cases.push_back({set, f, s, p});
-      }
+      for (const KernelShape& s : layer_shapes(f.params)) cases.push_back({set, f, s});
     }
   }
   return cases;
@@ -112,28 +108,18 @@ std::vector<LayerCase> layer_cases() {
 
 std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
   return kernel_set_test_name(info.param.set) + "_" + info.param.format.name + "_" +
-         info.param.shape.name + "_" + info.param.path.name;
+         info.param.shape.name;
 }
 
 class CpuLayer : public KernelSetTest<LayerCase> {};
 
-// Through one layer, every batch size of the path with f32, bf16 and f16 hidden states, each
-// against the oracle of its format rounded to the output dtype.
-TEST_P(CpuLayer, MatchesTheOracleOfItsFormat) {
+// On every path, every batch size of the path with f32, bf16 and f16 hidden states through one
+// layer, each against the oracle of its format rounded to the output dtype. The paths share a
+// case because making the weights and the oracle is most of its time.
+TEST_P(CpuLayer, MatchesTheOracleOfItsFormatOnEveryPath) {
   const LayerCase& c = GetParam();
   const QuantParams& quant = c.format.params;
-  const ModelSpec spec = layer_spec(c.shape, quant);
-  Options options;
-  options.runner = RunnerKind::cpu;
-  options.weights = quant;
-  options.max_tokens = c.path.max_tokens;
-  options.fused_ops = c.path.fused_ops;
-  const Plan plan = resolve(spec, options, platform(2));
-  ASSERT_NE(find_decision(plan, "kernels"), nullptr);
-  EXPECT_EQ(find_decision(plan, "kernels")->choice,
-            c.set == KernelSet::portable ? "portable" : "avx2 panel16");
-  EXPECT_EQ(plan.platform.avx512_bf16, platform(2).avx512_bf16);
-  EXPECT_EQ(plan.platform.avx512_vnni, platform(2).avx512_vnni);
+  const ModelSpec spec = layer_spec(c.shape);
   const RandomWeights given = RandomWeights::make(spec, random_weights_dtype(quant.format), 31);
   QuantizedLayerWeights quantized;
   LayerWeights oracle_weights = given.view();
@@ -141,17 +127,31 @@ TEST_P(CpuLayer, MatchesTheOracleOfItsFormat) {
     quantized = quantize_layer(given.view(), quant);
     oracle_weights = quantized.view();
   }
-  MoeLayer layer(plan, given.view());
-  for (DType hidden : {DType::f32, DType::bf16, DType::f16}) {
-    for (int64_t tokens : c.path.tokens) {
-      SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
-      const Inputs in = random_inputs(spec, tokens, hidden, 37 + static_cast<uint64_t>(tokens));
-      const LayerRun run = run_layer(layer, in);
-      const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
-      EXPECT_TRUE(routing.agrees());
-      EXPECT_TRUE(compare_with_oracle(spec, oracle_weights, quant, in, routing, run)
-                      .within(tolerance(hidden)))
-          << plan.explain();
+  const OracleLayer oracle(spec, oracle_weights, quant);
+  for (const Path& path : kPaths) {
+    SCOPED_TRACE(path.name);
+    Options options;
+    options.runner = RunnerKind::cpu;
+    options.weights = quant;
+    options.max_tokens = path.max_tokens;
+    options.fused_ops = path.fused_ops;
+    const Plan plan = resolve(spec, options, platform(2));
+    ASSERT_NE(find_decision(plan, "kernels"), nullptr);
+    EXPECT_EQ(find_decision(plan, "kernels")->choice,
+              c.set == KernelSet::portable ? "portable" : "avx2 panel16");
+    EXPECT_EQ(plan.platform.avx512_bf16, platform(2).avx512_bf16);
+    EXPECT_EQ(plan.platform.avx512_vnni, platform(2).avx512_vnni);
+    MoeLayer layer(plan, given.view());
+    for (DType hidden : {DType::f32, DType::bf16, DType::f16}) {
+      for (int64_t tokens : path.tokens) {
+        SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
+        const Inputs in = random_inputs(spec, tokens, hidden, 37 + static_cast<uint64_t>(tokens));
+        const LayerRun run = run_layer(layer, in);
+        const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
+        EXPECT_TRUE(routing.agrees());
+        EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(hidden)))
+            << plan.explain();
+      }
     }
   }
 }

@@ -77,12 +77,17 @@ inline OracleRouting oracle_routing(const ModelSpec& spec, const LayerWeights& w
   return oracle_routing(spec, weights.correction_bias, in.logits, run.ids, run.weights);
 }
 
-// A run's output against the oracle of `quant` for the oracle's routing.
+// A run's output against the oracle for the oracle's routing.
+inline OracleComparison compare_with_oracle(const OracleLayer& oracle, const Inputs& in,
+                                            const OracleRouting& routing, const LayerRun& run) {
+  return compare_with_oracle(oracle, in.hidden, routing, as_doubles(run.output),
+                             run.output.view().dtype);
+}
+
 inline OracleComparison compare_with_oracle(const ModelSpec& spec, const LayerWeights& weights,
                                             const QuantParams& quant, const Inputs& in,
                                             const OracleRouting& routing, const LayerRun& run) {
-  return compare_with_oracle(spec, weights, quant, in.hidden, routing, as_doubles(run.output),
-                             run.output.view().dtype);
+  return compare_with_oracle(OracleLayer(spec, weights, quant), in, routing, run);
 }
 
 // Runs every rank of options.ep on the same inputs and platform: the sum of the ranks' outputs,
