@@ -73,9 +73,13 @@ inline KernelPlatform kernel_platform(KernelSet set, const Platform& machine, in
   return result;
 }
 
-inline KernelPlatform kernel_platform(KernelSet set, int threads) {
+inline const Platform& this_machine() {
   static const Platform machine = Platform::probe();
-  return kernel_platform(set, machine, threads);
+  return machine;
+}
+
+inline KernelPlatform kernel_platform(KernelSet set, int threads) {
+  return kernel_platform(set, this_machine(), threads);
 }
 
 // A test on one kernel set, its parameter a case with a `set`: skipped where this machine lacks
@@ -85,13 +89,16 @@ class KernelSetTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     const KernelSet set = this->GetParam().set;
-    const KernelPlatform on = kernel_platform(set, 1);
+    const KernelPlatform on = kernel_platform(set, machine(), 1);
     if (!on.missing.empty()) {
       GTEST_SKIP() << "kernel set " << kernel_set_name(set) << " needs " << on.missing
                    << ", which this machine lacks";
     }
     platform_ = on.platform;
   }
+
+  // The machine the sets are taken from: this one, unless a test of the skip says otherwise.
+  virtual Platform machine() const { return this_machine(); }
 
   // The set's Platform with `threads` CPU threads.
   Platform platform(int threads) const {

@@ -230,7 +230,10 @@ struct OracleRouting {
 
 inline std::string id_list(const std::vector<int>& ids) {
   std::string s = "[";
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ' ';
+    s += std::to_string(ids[i]);
+  }
   return s + "]";
 }
 
