@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,10 @@ std::string ep_name(const ::testing::TestParamInfo<EpCase>& info) {
                   c.ranks.redundant, block_form_name(c.ranks.form), c.tokens);
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
+}
+
+void PrintTo(const EpCase& c, std::ostream* os) {
+  *os << ep_name({c, 0});
 }
 
 INSTANTIATE_TEST_SUITE_P(SizesAndReplicas, RanksSum, ::testing::ValuesIn(ep_cases()), ep_name);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -136,10 +137,10 @@ struct PathCase {
 std::vector<PathCase> path_cases() {
   std::vector<PathCase> cases;
   const std::pair<WeightFormat, DType> formats[] = {
-      {WeightFormat::f32, DType::f32},  {WeightFormat::f32, DType::bf16},
-      {WeightFormat::f32, DType::f16},  {WeightFormat::bf16, DType::f32},
+      {WeightFormat::f32, DType::f32},   {WeightFormat::f32, DType::bf16},
+      {WeightFormat::f32, DType::f16},   {WeightFormat::bf16, DType::f32},
       {WeightFormat::bf16, DType::bf16}, {WeightFormat::bf16, DType::f16},
-      {WeightFormat::f16, DType::f32},  {WeightFormat::f16, DType::f16}};
+      {WeightFormat::f16, DType::f32},   {WeightFormat::f16, DType::f16}};
   const NamedSpec shapes[] = {{"dsv3", small_dsv3()}, {"ragged", ragged_dsv3()}};
   for (KernelSet set : kKernelSets) {
     for (const Path& path : paths(set)) {
@@ -196,6 +197,10 @@ std::string path_name(const ::testing::TestParamInfo<PathCase>& info) {
   return name;
 }
 
+void PrintTo(const PathCase& c, std::ostream* os) {
+  *os << path_name({c, 0});
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPaths, LayerPath, ::testing::ValuesIn(path_cases()), path_name);
 
 // One and two threads give the same bits, on every path of every kernel set.
@@ -243,8 +248,11 @@ std::string thread_name(const ::testing::TestParamInfo<ThreadCase>& info) {
                      weight_format_name(c.weights), dtype_name(c.hidden));
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPaths, LayerThreads, ::testing::ValuesIn(thread_cases()),
-                         thread_name);
+void PrintTo(const ThreadCase& c, std::ostream* os) {
+  *os << thread_name({c, 0});
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, LayerThreads, ::testing::ValuesIn(thread_cases()), thread_name);
 
 TEST(Layer, DecodeBatchesUseTheFusedOpAndLargerOnesThePermutedCore) {
   Options options;

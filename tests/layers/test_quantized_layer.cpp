@@ -1,7 +1,7 @@
 // Quantised weight formats through the whole layer: every format and variant on every CPU path of
-// every kernel set against the float64 oracle of the same format, weights quantised ahead of time against online
-// quantisation, the size of each format's quantisation error, the block forms and expert
-// parallelism. The layer is given float weights unless a test says otherwise.
+// every kernel set against the float64 oracle of the same format, weights quantised ahead of time
+// against online quantisation, the size of each format's quantisation error, the block forms and
+// expert parallelism. The layer is given float weights unless a test says otherwise.
 
 #include <gtest/gtest.h>
 
@@ -158,8 +158,8 @@ const OracleLayer& oracle_layer(const ModelSpec& spec, const Variant& variant) {
   static std::map<std::string, std::unique_ptr<OracleLayer>> made;
   std::unique_ptr<OracleLayer>& oracle = made[spec.name + "/" + variant.name];
   if (!oracle) {
-    oracle = std::make_unique<OracleLayer>(spec, quantized_layer(spec, variant).view(),
-                                           variant.params);
+    oracle =
+        std::make_unique<OracleLayer>(spec, quantized_layer(spec, variant).view(), variant.params);
   }
   return *oracle;
 }
@@ -289,8 +289,9 @@ struct SetVariantCase {
 };
 
 std::vector<SetVariantCase> set_variant_cases() {
-  return on_every_kernel_set(variant_cases(),
-                             [](KernelSet set, const VariantCase& c) { return SetVariantCase{set, c}; });
+  return on_every_kernel_set(variant_cases(), [](KernelSet set, const VariantCase& c) {
+    return SetVariantCase{set, c};
+  });
 }
 
 std::string set_variant_case_name(const ::testing::TestParamInfo<SetVariantCase>& info) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ std::vector<FormCase> form_cases() {
 
 std::string form_case_name(const ::testing::TestParamInfo<FormCase>& info) {
   return kernel_set_test_name(info.param.set) + "_" + info.param.path;
+}
+
+void PrintTo(const FormCase& c, std::ostream* os) {
+  *os << form_case_name({c, 0});
 }
 
 class SharedExperts : public KernelSetTest<FormCase> {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,10 @@ TEST_P(Matrix, EveryCombinationResolvesAndMatchesOrIsRefused) {
 
 std::string matrix_name(const ::testing::TestParamInfo<MatrixCase>& info) {
   return kernel_set_test_name(info.param.set);
+}
+
+void PrintTo(const MatrixCase& c, std::ostream* os) {
+  *os << kernel_set_name(c.set);
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelSets, Matrix,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,10 @@ std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
          info.param.shape.name;
 }
 
+void PrintTo(const LayerCase& c, std::ostream* os) {
+  *os << layer_case_name({c, 0});
+}
+
 class CpuLayer : public KernelSetTest<LayerCase> {};
 
 // On every path, every batch size of the path with f32, bf16 and f16 hidden states through one
@@ -156,8 +161,7 @@ TEST_P(CpuLayer, MatchesTheOracleOfItsFormatOnEveryPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(KernelSets, CpuLayer, ::testing::ValuesIn(layer_cases()),
-                         layer_case_name);
+INSTANTIATE_TEST_SUITE_P(KernelSets, CpuLayer, ::testing::ValuesIn(layer_cases()), layer_case_name);
 
 }  // namespace
 }  // namespace moekit::test

@@ -111,8 +111,7 @@ inline QuantizedInput quantize_input(const QuantParams& q, float static_scale,
       if (error) largest_error = std::max(largest_error, (*error)[i]);
     }
     const bool dynamic = q.activation != ActivationQuant::fp8_static;
-    const float scale = dynamic ? std::max(amax, 1e-10f) / (int8 ? 127.0f : 448.0f)
-                                : static_scale;
+    const float scale = dynamic ? std::max(amax, 1e-10f) / (int8 ? 127.0f : 448.0f) : static_scale;
     // A dynamic scale moves with the group's largest element.
     const double scale_error =
         dynamic ? largest_error / std::max(static_cast<double>(amax), 1e-10) : 0.0;
@@ -124,8 +123,7 @@ inline QuantizedInput quantize_input(const QuantParams& q, float static_scale,
       out.unrounded[i] = v;
       out.scale[i] = scale;
       if (error) {
-        out.reach[i] = (*error)[i] / scale +
-                       std::fabs(v) * (scale_error + 4.0 * kFloat32Roundoff);
+        out.reach[i] = (*error)[i] / scale + std::fabs(v) * (scale_error + 4.0 * kFloat32Roundoff);
       }
     }
   }
@@ -211,8 +209,8 @@ inline QuantizedInput add_quantized_mlp(const Activation& act, const QuantParams
                                         float s2, const double* w13, const double* w2, int64_t H,
                                         int64_t I, const double* x_row, double scale, double* y) {
   const std::vector<double> x = quantized_input(q, s13, std::vector<double>(x_row, x_row + H));
-  const double gamma = static_cast<double>(H) * kFloat32Roundoff /
-                       (1.0 - static_cast<double>(H) * kFloat32Roundoff);
+  const double gamma =
+      static_cast<double>(H) * kFloat32Roundoff / (1.0 - static_cast<double>(H) * kFloat32Roundoff);
   std::vector<double> a(static_cast<size_t>(I)), error(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0, g_abs = 0, u_abs = 0;
@@ -350,8 +348,8 @@ struct OracleComparison {
   ::testing::AssertionResult within(double tolerance) const {
     if (error < tolerance && rounded_apart <= allowed) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
-           << "relative L2 error " << error << " (tolerance " << tolerance << "), "
-           << rounded_apart << " tokens with a GEMM2 input one step apart beyond float32's reach "
+           << "relative L2 error " << error << " (tolerance " << tolerance << "), " << rounded_apart
+           << " tokens with a GEMM2 input one step apart beyond float32's reach "
            << "(at most " << allowed << "), " << ties << " ties";
   }
 };

@@ -77,9 +77,8 @@ inline bool ties(double a, double b) {
 
 inline Selection select_best(const std::vector<double>& value, std::vector<int> candidates,
                              int count) {
-  std::sort(candidates.begin(), candidates.end(), [&](int a, int b) {
-    return value[a] != value[b] ? value[a] > value[b] : a < b;
-  });
+  std::sort(candidates.begin(), candidates.end(),
+            [&](int a, int b) { return value[a] != value[b] ? value[a] > value[b] : a < b; });
   Selection s;
   s.kept.assign(candidates.begin(), candidates.begin() + count);
   const bool tie = count < static_cast<int>(candidates.size()) &&
@@ -147,7 +146,9 @@ class TokenRouter {
   }
 
   // The oracle's own experts, best choice first.
-  std::vector<int> experts() const { return select_best(choice_, candidates(groups().kept), spec_.top_k).kept; }
+  std::vector<int> experts() const {
+    return select_best(choice_, candidates(groups().kept), spec_.top_k).kept;
+  }
 
   // Whether `chosen` is a right answer: the oracle's own set, or another that ties allow.
   bool allows(const std::vector<int>& chosen) const {
@@ -247,7 +248,8 @@ inline OracleRouting oracle_routing(const ModelSpec& spec, const TensorView& cor
   const std::vector<double> x = float64_values(logits);
   const std::vector<double> bias =
       spec.routing.correction_bias ? float64_values(correction_bias) : std::vector<double>();
-  OracleRouting r{k, std::vector<int32_t>(static_cast<size_t>(T * k)),
+  OracleRouting r{k,
+                  std::vector<int32_t>(static_cast<size_t>(T * k)),
                   std::vector<double>(static_cast<size_t>(T * k)),
                   {}};
   for (int64_t t = 0; t < T; ++t) {
@@ -279,8 +281,8 @@ inline OracleRouting oracle_routing(const ModelSpec& spec, const TensorView& cor
       const double got = weights[t * k + j];
       if (chosen == reported &&
           !(std::fabs(got - w[j]) <= kRoutingWeightTolerance * std::max(1.0, std::fabs(w[j])))) {
-        r.disagreements.push_back(fmt::format("token {} expert {}: weight {}, the oracle's {}", t,
-                                              chosen[j], got, w[j]));
+        r.disagreements.push_back(
+            fmt::format("token {} expert {}: weight {}, the oracle's {}", t, chosen[j], got, w[j]));
       }
     }
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,8 @@ class OnAMachineWithoutAvx512 : public KernelSetTest<SetCase> {
  protected:
   Platform machine() const override { return avx2_machine(); }
   void TearDown() override {
-    const bool lacking = GetParam().set == KernelSet::avx512_bf16 ||
-                         GetParam().set == KernelSet::avx512_vnni;
+    const bool lacking =
+        GetParam().set == KernelSet::avx512_bf16 || GetParam().set == KernelSet::avx512_vnni;
     EXPECT_EQ(IsSkipped(), lacking);
   }
 };
@@ -73,9 +74,12 @@ std::string set_case_name(const ::testing::TestParamInfo<SetCase>& info) {
   return kernel_set_test_name(info.param.set);
 }
 
+void PrintTo(const SetCase& c, std::ostream* os) {
+  *os << kernel_set_name(c.set);
+}
+
 TEST_P(OnAMachineWithoutAvx512, ASetItLacksIsSkippedWithItsName) {
-  EXPECT_FALSE(platform(1).avx512_bf16 || platform(1).avx512_vnni)
-      << "a set the machine lacks ran";
+  EXPECT_FALSE(platform(1).avx512_bf16 || platform(1).avx512_vnni) << "a set the machine lacks ran";
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelSets, OnAMachineWithoutAvx512,
@@ -106,12 +110,14 @@ TEST(OracleRouter, TopKBySoftmaxRenormalised) {
 TEST(OracleRouter, BiasChoosesAndScoresWeigh) {
   ModelSpec spec;
   spec.n_experts = 4;
-  spec.routing = {.scoring = Scoring::sigmoid, .top_k = 1, .correction_bias = true,
+  spec.routing = {.scoring = Scoring::sigmoid,
+                  .top_k = 1,
+                  .correction_bias = true,
                   .routed_scaling_factor = 2.0f};
   std::vector<float> logits = {0.0f, 1.0f, 0.5f, -1.0f};
   std::vector<float> bias = {0.0f, 0.0f, 0.5f, 0.0f};
-  const OracleRouting r = oracle_routing(
-      spec, TensorView::contiguous(bias.data(), DType::f32, {4}), row(logits));
+  const OracleRouting r =
+      oracle_routing(spec, TensorView::contiguous(bias.data(), DType::f32, {4}), row(logits));
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2}));
   EXPECT_NEAR(r.weights[0], 2.0 / (1.0 + std::exp(-0.5)), 1e-12) << "weights are unbiased";
 }
@@ -120,7 +126,10 @@ TEST(OracleRouter, GroupsByTop2SumBeforeExperts) {
   // Group 0 holds the best single expert; group 1 the best pair.
   ModelSpec spec;
   spec.n_experts = 4;
-  spec.routing = {.scoring = Scoring::sigmoid, .top_k = 1, .n_group = 2, .topk_group = 1,
+  spec.routing = {.scoring = Scoring::sigmoid,
+                  .top_k = 1,
+                  .n_group = 2,
+                  .topk_group = 1,
                   .group_score = GroupScore::top2_sum};
   std::vector<float> logits = {3.0f, -3.0f, 1.0f, 1.0f};
   EXPECT_EQ(oracle_routing(spec, TensorView(), row(logits)).ids, (std::vector<int32_t>{2}));
