@@ -7,7 +7,6 @@
 
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "moekit/platform.hpp"
 
@@ -110,15 +109,5 @@ class KernelSetTest : public ::testing::TestWithParam<Case> {
  private:
   Platform platform_;
 };
-
-// Every case of `cases` on every kernel set, each as `make(set, case)`.
-template <typename Case, typename Make>
-auto on_every_kernel_set(const std::vector<Case>& cases, Make make) {
-  std::vector<decltype(make(KernelSet::portable, cases.front()))> out;
-  for (KernelSet set : kKernelSets) {
-    for (const Case& c : cases) out.push_back(make(set, c));
-  }
-  return out;
-}
 
 }  // namespace moekit::test
