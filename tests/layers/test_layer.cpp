@@ -1,23 +1,17 @@
-// Every compute path of the layer against the float64 oracle, on fresh random inputs, with
-// poisoned outputs.
+// Every compute path of the layer on every kernel set against the float64 oracle, which routes
+// by itself, on fresh random inputs, with poisoned outputs.
 
 #include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
 
 #include "moekit/error.hpp"
 #include "support/layer_fixture.hpp"
 
 namespace moekit::test {
 namespace {
-
-struct PathCase {
-  const char* name;
-  ModelSpec spec;
-  RunnerKind runner;
-  WeightFormat weights;
-  DType hidden;
-  int64_t tokens;
-  int64_t max_tokens;
-};
 
 ModelSpec with_activation(ModelSpec spec, Activation activation) {
   spec.activation = activation;
@@ -50,60 +44,215 @@ ModelSpec small_sqrt_softplus() {
   return spec;
 }
 
-std::vector<PathCase> path_cases() {
-  std::vector<PathCase> cases;
-  const std::pair<const char*, ModelSpec> specs[] = {
+// DeepSeek-V2's group_limited_greedy: sigmoid scores, groups by their best, no correction bias.
+ModelSpec sigmoid_grouped_without_bias() {
+  ModelSpec spec = small_dsv3();
+  spec.routing.correction_bias = false;
+  spec.routing.group_score = GroupScore::max;
+  return spec;
+}
+
+ModelSpec sigmoid_biased_without_renormalising() {
+  ModelSpec spec = small_dsv3();
+  spec.routing.renormalize = false;
+  return spec;
+}
+
+// Llama-4-style: one expert per token by sigmoid score.
+ModelSpec sigmoid_top1() {
+  ModelSpec spec = small_softmax(8, 1, false);
+  spec.routing.scoring = Scoring::sigmoid;
+  return spec;
+}
+
+// H odd and I not a multiple of 8: part-filled vectors and panels everywhere in the float paths.
+ModelSpec ragged_dsv3() {
+  ModelSpec spec = small_dsv3();
+  spec.name = "ragged-dsv3";
+  spec.hidden = 37;
+  spec.intermediate = 13;
+  spec.shared_intermediate = 26;
+  return spec;
+}
+
+struct NamedSpec {
+  const char* name;
+  ModelSpec spec;
+};
+
+// Every scoring, grouping, bias, renormalisation and activation the spec can say.
+std::vector<NamedSpec> routing_specs() {
+  return {
       {"dsv3", small_dsv3()},
+      {"sigmoid_grouped_no_bias", sigmoid_grouped_without_bias()},
+      {"sigmoid_bias_no_renorm", sigmoid_biased_without_renormalising()},
+      {"sigmoid_top1", sigmoid_top1()},
       {"qwen", small_softmax(16, 4, true)},
       {"mixtral", small_softmax(8, 2, true)},
       {"softmax_no_renorm", small_softmax(8, 3, false)},
+      {"softmax_top1", small_softmax(8, 1, true)},
+      {"sqrt_softplus", small_sqrt_softplus()},
       {"gelu", with_activation(small_softmax(8, 2, true), Activation::GeluGated())},
       {"swiglu_oai",
        with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
-      {"sqrt_softplus", small_sqrt_softplus()},
       {"qwen2_shared_gate", small_qwen2_moe()},
   };
-  for (const auto& [name, spec] : specs) {
-    for (RunnerKind runner : {RunnerKind::reference, RunnerKind::cpu}) {
-      for (WeightFormat weights : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16}) {
-        for (DType hidden : {DType::f32, DType::bf16}) {
-          cases.push_back({name, spec, runner, weights, hidden, 13, 64});
+}
+
+// A path through the layer, and the batch sizes it is run at (one layer, one forward each).
+struct Path {
+  const char* name;
+  RunnerKind runner;
+  FusedOps fused_ops;
+  int64_t max_tokens;
+  std::vector<int64_t> tokens;
+};
+
+// The reference core; the cpu core with its permutes; the cpu fused op at decode sizes; and
+// larger batches with fused ops allowed, which on AVX2 the fused op serves too. The reference
+// core reads no kernel set, so it runs on the portable set only.
+std::vector<Path> paths(KernelSet set) {
+  std::vector<Path> p;
+  if (set == KernelSet::portable) {
+    p.push_back({"reference", RunnerKind::reference, FusedOps::auto_, 16, {0, 1, 3, 13}});
+  }
+  p.push_back({"core", RunnerKind::cpu, FusedOps::off, 16, {0, 1, 3, 13}});
+  p.push_back({"decode", RunnerKind::cpu, FusedOps::auto_, 4, {0, 1, 3}});
+  if (set != KernelSet::portable) {
+    p.push_back({"fused_batch", RunnerKind::cpu, FusedOps::auto_, 64, {40}});
+  }
+  return p;
+}
+
+struct PathCase {
+  KernelSet set;
+  NamedSpec spec;
+  Path path;
+  WeightFormat weights;
+  DType hidden;
+};
+
+// Every weight format with f32 and bf16 hidden states, and f16 hidden states, on the specs that
+// exercise the kernels' shapes; every routing and activation with f32.
+std::vector<PathCase> path_cases() {
+  std::vector<PathCase> cases;
+  const std::pair<WeightFormat, DType> formats[] = {
+      {WeightFormat::f32, DType::f32},   {WeightFormat::f32, DType::bf16},
+      {WeightFormat::f32, DType::f16},   {WeightFormat::bf16, DType::f32},
+      {WeightFormat::bf16, DType::bf16}, {WeightFormat::bf16, DType::f16},
+      {WeightFormat::f16, DType::f32},   {WeightFormat::f16, DType::f16}};
+  const NamedSpec shapes[] = {{"dsv3", small_dsv3()}, {"ragged", ragged_dsv3()}};
+  for (KernelSet set : kKernelSets) {
+    for (const Path& path : paths(set)) {
+      for (const NamedSpec& shape : shapes) {
+        for (const auto& [weights, hidden] : formats) {
+          cases.push_back({set, shape, path, weights, hidden});
         }
       }
-      cases.push_back({name, spec, runner, WeightFormat::f32, DType::f32, 3, 4});  // decode op
-      cases.push_back({name, spec, runner, WeightFormat::f32, DType::f16, 1, 1});
+      for (const NamedSpec& spec : routing_specs()) {
+        if (std::string(spec.name) == "dsv3") continue;  // above
+        cases.push_back({set, spec, path, WeightFormat::f32, DType::f32});
+      }
     }
   }
   return cases;
 }
 
-class LayerPath : public ::testing::TestWithParam<PathCase> {};
+class LayerPath : public KernelSetTest<PathCase> {};
 
-TEST_P(LayerPath, MatchesFloat64Oracle) {
+TEST_P(LayerPath, MatchesFloat64OracleAtEveryBatchSize) {
   const PathCase& c = GetParam();
+  const ModelSpec& spec = c.spec.spec;
   Options options;
-  options.runner = c.runner;
+  options.runner = c.path.runner;
   options.weights = c.weights;
-  options.max_tokens = c.max_tokens;
-  const Plan plan = resolve(c.spec, options, Platform::cpu_only(3));
-  const RandomWeights weights = RandomWeights::make(c.spec, random_weights_dtype(c.weights), 11);
-  const Inputs in = random_inputs(c.spec, c.tokens, c.hidden, 12);
-  const LayerRun run = run_plan(plan, weights.view(), in);
-  const std::vector<double> want =
-      oracle_output(c.spec, weights.view(), in.hidden, run.ids, run.weights);
-  EXPECT_LT(relative_l2(run.output, want), tolerance(c.hidden)) << plan.explain();
+  options.max_tokens = c.path.max_tokens;
+  options.fused_ops = c.path.fused_ops;
+  const Plan plan = resolve(spec, options, platform(3));
+  if (c.path.max_tokens <= 4 && c.path.runner == RunnerKind::cpu) {
+    ASSERT_EQ(plan.fused_op, "cpu-decode") << plan.explain();
+  }
+  if (c.path.fused_ops == FusedOps::off) {
+    ASSERT_FALSE(plan.fused_op.has_value()) << plan.explain();
+  }
+  const RandomWeights weights = RandomWeights::make(spec, random_weights_dtype(c.weights), 11);
+  const OracleLayer oracle(spec, weights.view(), WeightFormat::f32);
+  MoeLayer layer(plan, weights.view());
+  for (int64_t tokens : c.path.tokens) {
+    SCOPED_TRACE(fmt::format("T={}", tokens));
+    const Inputs in = random_inputs(spec, tokens, c.hidden, 12 + static_cast<uint64_t>(tokens));
+    const LayerRun run = run_layer(layer, in);
+    const OracleRouting routing = oracle_routing(spec, weights.view(), in, run);
+    EXPECT_TRUE(routing.agrees());
+    EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(c.hidden)))
+        << plan.explain();
+  }
 }
 
 std::string path_name(const ::testing::TestParamInfo<PathCase>& info) {
   const PathCase& c = info.param;
-  std::string name =
-      fmt::format("{}_{}_{}_{}_T{}_max{}", c.name, runner_name(c.runner),
-                  weight_format_name(c.weights), dtype_name(c.hidden), c.tokens, c.max_tokens);
+  std::string name = fmt::format("{}_{}_{}_{}_{}", kernel_set_test_name(c.set), c.spec.name,
+                                 c.path.name, weight_format_name(c.weights), dtype_name(c.hidden));
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
 
+void PrintTo(const PathCase& c, std::ostream* os) {
+  *os << path_name({c, 0});
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPaths, LayerPath, ::testing::ValuesIn(path_cases()), path_name);
+
+// One and two threads give the same bits, on every path of every kernel set.
+struct ThreadCase {
+  KernelSet set;
+  Path path;
+  WeightFormat weights;
+  DType hidden;
+};
+
+std::vector<ThreadCase> thread_cases() {
+  std::vector<ThreadCase> cases;
+  for (KernelSet set : kKernelSets) {
+    for (const Path& path : paths(set)) {
+      cases.push_back({set, path, WeightFormat::bf16, DType::f32});
+      cases.push_back({set, path, WeightFormat::bf16, DType::bf16});
+    }
+  }
+  return cases;
+}
+
+class LayerThreads : public KernelSetTest<ThreadCase> {};
+
+TEST_P(LayerThreads, OneAndTwoThreadsGiveTheSameBits) {
+  const ThreadCase& c = GetParam();
+  const ModelSpec spec = small_dsv3();
+  const RandomWeights weights = RandomWeights::make(spec, random_weights_dtype(c.weights), 3);
+  Options options;
+  options.runner = c.path.runner;
+  options.weights = c.weights;
+  options.max_tokens = c.path.max_tokens;
+  options.fused_ops = c.path.fused_ops;
+  const Inputs in = random_inputs(spec, c.path.tokens.back(), c.hidden, 4);
+  options.threads = 1;
+  const LayerRun one = run_plan(resolve(spec, options, platform(1)), weights.view(), in);
+  options.threads = 2;
+  const LayerRun two = run_plan(resolve(spec, options, platform(2)), weights.view(), in);
+  EXPECT_EQ(as_doubles(one.output), as_doubles(two.output));
+  EXPECT_EQ(one.ids, two.ids);
+}
+
+std::string thread_name(const ::testing::TestParamInfo<ThreadCase>& info) {
+  const ThreadCase& c = info.param;
+  return fmt::format("{}_{}_{}_{}", kernel_set_test_name(c.set), c.path.name,
+                     weight_format_name(c.weights), dtype_name(c.hidden));
+}
+
+void PrintTo(const ThreadCase& c, std::ostream* os) {
+  *os << thread_name({c, 0});
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, LayerThreads, ::testing::ValuesIn(thread_cases()), thread_name);
 
 TEST(Layer, DecodeBatchesUseTheFusedOpAndLargerOnesThePermutedCore) {
   Options options;
@@ -117,21 +266,6 @@ TEST(Layer, DecodeBatchesUseTheFusedOpAndLargerOnesThePermutedCore) {
   EXPECT_FALSE(resolve(small_dsv3(), options, Platform::cpu_only(2)).fused_op.has_value());
 }
 
-TEST(Layer, ResultDoesNotDependOnThreadCount) {
-  const ModelSpec spec = small_dsv3();
-  const RandomWeights weights = RandomWeights::make(spec, DType::bf16, 3);
-  const Inputs in = random_inputs(spec, 21, DType::f32, 4);
-  Options options;
-  options.runner = RunnerKind::cpu;
-  options.max_tokens = 32;
-  options.threads = 1;
-  const LayerRun one = run_plan(resolve(spec, options, Platform::cpu_only(1)), weights.view(), in);
-  options.threads = 3;
-  const LayerRun three =
-      run_plan(resolve(spec, options, Platform::cpu_only(3)), weights.view(), in);
-  EXPECT_EQ(as_doubles(one.output), as_doubles(three.output));
-}
-
 TEST(Layer, ReportsTheRoutingItUsed) {
   const ModelSpec spec = small_dsv3();
   const RandomWeights weights = RandomWeights::make(spec, DType::f32, 5);
@@ -139,11 +273,7 @@ TEST(Layer, ReportsTheRoutingItUsed) {
   Options options;
   options.max_tokens = 8;
   const LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights.view(), in);
-  for (size_t i = 0; i < run.ids.size(); ++i) {
-    EXPECT_GE(run.ids[i], 0);
-    EXPECT_LT(run.ids[i], spec.n_experts);
-    EXPECT_GT(run.weights[i], 0.0f);
-  }
+  EXPECT_TRUE(oracle_routing(spec, weights.view(), in, run).agrees());
   // Renormalised then scaled: each token's weights sum to the routed scaling factor.
   for (int64_t t = 0; t < 6; ++t) {
     float sum = 0;
@@ -161,9 +291,10 @@ TEST(Layer, WeightsOfAnotherFloatTypeAreConvertedAtLoad) {
   options.max_tokens = 8;
   const LayerRun run =
       run_plan(resolve(spec, options, Platform::cpu_only(2)), f32_weights.view(), in);
-  const std::vector<double> exact =
-      oracle_output(spec, f32_weights.view(), in.hidden, run.ids, run.weights);
-  const double error = relative_l2(run.output, exact);
+  const OracleRouting routing = oracle_routing(spec, f32_weights.view(), in, run);
+  EXPECT_TRUE(routing.agrees());
+  const double error =
+      relative_l2(run.output, oracle_output(spec, f32_weights.view(), in.hidden, routing));
   EXPECT_GT(error, 1e-6) << "bf16 storage must round the f32 weights";
   EXPECT_LT(error, 1e-2);
 }

@@ -1,7 +1,7 @@
-// Quantised weight formats through the whole layer: every format and variant on every CPU path
-// against the float64 oracle of the same format, weights quantised ahead of time against online
-// quantisation, the size of each format's quantisation error, the block forms and expert
-// parallelism. The layer is given float weights unless a test says otherwise.
+// Quantised weight formats through the whole layer: every format and variant on every CPU path of
+// every kernel set against the float64 oracle of the same format, weights quantised ahead of time
+// against online quantisation, the size of each format's quantisation error, the block forms and
+// expert parallelism. The layer is given float weights unless a test says otherwise.
 
 #include <gtest/gtest.h>
 
@@ -153,72 +153,104 @@ const QuantizedLayerWeights& quantized_layer(const ModelSpec& spec, const Varian
   return *quantized;
 }
 
+// The oracle of a shape in a variant's format; made once per shape and variant.
+const OracleLayer& oracle_layer(const ModelSpec& spec, const Variant& variant) {
+  static std::map<std::string, std::unique_ptr<OracleLayer>> made;
+  std::unique_ptr<OracleLayer>& oracle = made[spec.name + "/" + variant.name];
+  if (!oracle) {
+    oracle =
+        std::make_unique<OracleLayer>(spec, quantized_layer(spec, variant).view(), variant.params);
+  }
+  return *oracle;
+}
+
 std::string test_name(std::string name) {
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
 
-// Every format and variant, on every CPU path (reference core, cpu core, cpu-decode op), with f32
-// and bf16 hidden states, on both shapes, against the oracle of its format.
+// Every format and variant, on every path of every kernel set, with f32 and bf16 hidden states
+// (f16: tests/runner/test_cpu_layer.cpp) and several batch sizes through one layer, on both
+// shapes, against the oracle of its format.
 
 struct Path {
   const char* name;
   RunnerKind runner;
-  int64_t tokens;
+  FusedOps fused_ops;
   int64_t max_tokens;
+  std::vector<int64_t> tokens;
   bool fused_op;  // the cpu-decode op replaces permutes and core
 };
 
-constexpr Path kPaths[] = {{"reference", RunnerKind::reference, 13, 16, false},
-                           {"cpu", RunnerKind::cpu, 13, 16, false},
-                           {"cpu_decode", RunnerKind::cpu, 3, 4, true}};
+// The reference core (which reads no kernel set, so on the portable set only), the cpu core with
+// its permutes, the cpu fused op at decode sizes, and on AVX2 the fused op at a batch too.
+std::vector<Path> paths(KernelSet set) {
+  std::vector<Path> p;
+  if (set == KernelSet::portable) {
+    p.push_back({"reference", RunnerKind::reference, FusedOps::auto_, 16, {0, 1, 3, 13}, false});
+  }
+  p.push_back({"cpu", RunnerKind::cpu, FusedOps::off, 16, {0, 1, 3, 13}, false});
+  p.push_back({"cpu_decode", RunnerKind::cpu, FusedOps::auto_, 4, {0, 1, 3}, true});
+  if (set != KernelSet::portable) {
+    p.push_back({"cpu_fused_batch", RunnerKind::cpu, FusedOps::auto_, 16, {13}, true});
+  }
+  return p;
+}
 
 struct PathCase {
+  KernelSet set;
   Variant variant;
   LayerShape shape;
-  Path path;
-  DType hidden;
 };
 
 std::vector<PathCase> path_cases() {
   std::vector<PathCase> cases;
-  for (const Variant& variant : every_variant()) {
-    for (const LayerShape& shape : shapes()) {
-      for (const Path& path : kPaths) {
-        for (DType hidden : {DType::f32, DType::bf16})
-          cases.push_back({variant, shape, path, hidden});
-      }
+  for (KernelSet set : kKernelSets) {
+    for (const Variant& variant : every_variant()) {
+      for (const LayerShape& shape : shapes()) cases.push_back({set, variant, shape});
     }
   }
   return cases;
 }
 
-class QuantizedLayerPath : public ::testing::TestWithParam<PathCase> {};
+class QuantizedLayerPath : public KernelSetTest<PathCase> {};
 
-TEST_P(QuantizedLayerPath, MatchesTheOracleOfItsFormat) {
+// One case per format, shape and set, looping over the paths: most of a case's time is making
+// the layer's weights and the oracle, which the paths share.
+TEST_P(QuantizedLayerPath, MatchesTheOracleOfItsFormatOnEveryPath) {
   const PathCase& c = GetParam();
   const ModelSpec& spec = c.shape.spec;
   const QuantParams& quant = c.variant.params;
-  Options options;
-  options.runner = c.path.runner;
-  options.weights = quant;
-  options.max_tokens = c.path.max_tokens;
-  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
-  ASSERT_EQ(plan.fused_op.has_value(), c.path.fused_op) << plan.explain();
-  const LayerWeights given = float_layer(spec).view(quant);
-  const Inputs in = random_inputs(spec, c.path.tokens, c.hidden, 63);
-  const LayerRun run = run_plan(plan, given, in);
-  const OracleComparison comparison =
-      compare_with_oracle(spec, quantized_layer(spec, c.variant).view(), quant, in.hidden, run.ids,
-                          run.weights, as_doubles(run.output));
-  EXPECT_LT(comparison.error, tolerance(c.hidden)) << plan.explain();
-  EXPECT_LE(comparison.rounded_apart, 2) << "tokens with a GEMM2 input rounded to a neighbour";
+  const LayerWeights oracle_weights = quantized_layer(spec, c.variant).view();
+  const OracleLayer& oracle = oracle_layer(spec, c.variant);
+  for (const Path& path : paths(c.set)) {
+    SCOPED_TRACE(path.name);
+    Options options;
+    options.runner = path.runner;
+    options.weights = quant;
+    options.max_tokens = path.max_tokens;
+    options.fused_ops = path.fused_ops;
+    const Plan plan = resolve(spec, options, platform(2));
+    ASSERT_EQ(plan.fused_op.has_value(), path.fused_op) << plan.explain();
+    MoeLayer layer(plan, float_layer(spec).view(quant));
+    for (DType hidden : {DType::f32, DType::bf16}) {
+      for (int64_t tokens : path.tokens) {
+        SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
+        const Inputs in = random_inputs(spec, tokens, hidden, 63 + static_cast<uint64_t>(tokens));
+        const LayerRun run = run_layer(layer, in);
+        const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
+        EXPECT_TRUE(routing.agrees());
+        EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(hidden)))
+            << plan.explain();
+      }
+    }
+  }
 }
 
 std::string path_case_name(const ::testing::TestParamInfo<PathCase>& info) {
   const PathCase& c = info.param;
   return test_name(
-      fmt::format("{}_{}_{}_{}", c.variant.name, c.shape.name, c.path.name, dtype_name(c.hidden)));
+      fmt::format("{}_{}_{}", kernel_set_test_name(c.set), c.variant.name, c.shape.name));
 }
 
 void PrintTo(const PathCase& c, std::ostream* os) {
@@ -247,21 +279,49 @@ std::string variant_case_name(const ::testing::TestParamInfo<VariantCase>& info)
   return test_name(fmt::format("{}_{}", info.param.variant.name, info.param.shape.name));
 }
 
+void PrintTo(const VariantCase& c, std::ostream* os) {
+  *os << variant_case_name({c, 0});
+}
+
+struct SetVariantCase {
+  KernelSet set;
+  VariantCase c;
+};
+
+// Quantising ahead of time against at load time is a matter of the layout the weights are
+// stored in, canonical for the portable kernels and panel16 for every AVX2 set alike, so the
+// portable set and "all" cover it; the other sets would repeat "all".
+std::vector<SetVariantCase> set_variant_cases() {
+  std::vector<SetVariantCase> cases;
+  for (KernelSet set : {KernelSet::portable, KernelSet::all}) {
+    for (const VariantCase& c : variant_cases()) cases.push_back({set, c});
+  }
+  return cases;
+}
+
+std::string set_variant_case_name(const ::testing::TestParamInfo<SetVariantCase>& info) {
+  return kernel_set_test_name(info.param.set) + "_" + variant_case_name({info.param.c, 0});
+}
+
+void PrintTo(const SetVariantCase& c, std::ostream* os) {
+  *os << set_variant_case_name({c, 0});
+}
+
 std::vector<uint8_t> bytes_of(const Tensor& t) {
   const auto* bytes = static_cast<const uint8_t*>(t.view().data);
   return {bytes, bytes + t.view().nbytes()};
 }
 
-class QuantizedLayerWeightsAhead : public ::testing::TestWithParam<VariantCase> {};
+class QuantizedLayerWeightsAhead : public KernelSetTest<SetVariantCase> {};
 
 TEST_P(QuantizedLayerWeightsAhead, GiveTheSameBitsAsOnlineQuantisation) {
-  const VariantCase& c = GetParam();
+  const VariantCase& c = GetParam().c;
   const ModelSpec& spec = c.shape.spec;
   Options options;
   options.runner = RunnerKind::cpu;
   options.weights = c.variant.params;
   options.max_tokens = 16;
-  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  const Plan plan = resolve(spec, options, platform(2));
   const LayerWeights given = float_layer(spec).view(c.variant.params);
   const Inputs in = random_inputs(spec, 11, DType::f32, 72);
   const LayerRun online = run_plan(plan, given, in);
@@ -269,16 +329,13 @@ TEST_P(QuantizedLayerWeightsAhead, GiveTheSameBitsAsOnlineQuantisation) {
   EXPECT_EQ(bytes_of(online.output), bytes_of(ahead.output));
 }
 
-void PrintTo(const VariantCase& c, std::ostream* os) {
-  *os << variant_case_name({c, 0});
-}
-
 INSTANTIATE_TEST_SUITE_P(QuantizedLayer, QuantizedLayerWeightsAhead,
-                         ::testing::ValuesIn(variant_cases()), variant_case_name);
+                         ::testing::ValuesIn(set_variant_cases()), set_variant_case_name);
 
 // The relative L2 error a format's quantisation (weights, and activations where it quantises
-// them) adds to the unquantised layer, on random weights with a trained layer's scales: below
-// the format's bound, and clearly above zero, so a format that silently kept bf16 fails.
+// them) adds to the unquantised layer, both computed by the oracle (so on no kernel set), on
+// random weights with a trained layer's scales: below the format's bound, and clearly above
+// zero, so a format that silently kept bf16 fails.
 struct ErrorBounds {
   double lowest;
   double highest;
@@ -299,16 +356,12 @@ class QuantizedLayerError : public ::testing::TestWithParam<VariantCase> {};
 TEST_P(QuantizedLayerError, IsWithinTheFormatsExpectedError) {
   const VariantCase& c = GetParam();
   const ModelSpec& spec = c.shape.spec;
-  Options options;
-  options.weights = c.variant.params;
-  options.max_tokens = 16;
   const LayerWeights given = float_layer(spec).view(c.variant.params);
   const Inputs in = random_inputs(spec, 16, DType::f32, 82);
-  const LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), given, in);
-  const std::vector<double> exact = oracle_output(spec, given, in.hidden, run.ids, run.weights);
-  const std::vector<double> approximate =
-      oracle_output(spec, quantized_layer(spec, c.variant).view(), in.hidden, run.ids, run.weights,
-                    c.variant.params);
+  const OracleRouting routing = oracle_routing(spec, given.correction_bias, in.logits);
+  const std::vector<double> exact = oracle_output(spec, given, in.hidden, routing);
+  const std::vector<double> approximate = oracle_output(
+      spec, quantized_layer(spec, c.variant).view(), in.hidden, routing, c.variant.params);
   const double error = relative_l2(approximate, exact);
   const ErrorBounds bounds = expected_error(c.variant.params);
   EXPECT_GT(error, bounds.lowest) << "the format does not quantise";
@@ -330,6 +383,7 @@ std::vector<Variant> slot_variants() {
 }
 
 struct FormCase {
+  KernelSet set;
   Variant variant;
   int64_t tokens;
   int64_t max_tokens;  // 4: the cpu-decode op
@@ -337,15 +391,18 @@ struct FormCase {
 
 std::vector<FormCase> form_cases() {
   std::vector<FormCase> cases;
-  for (const Variant& variant : slot_variants()) {
-    cases.push_back({variant, 17, 32});
-    cases.push_back({variant, 3, 4});
+  for (KernelSet set : kKernelSets) {
+    for (const Variant& variant : slot_variants()) {
+      cases.push_back({set, variant, 17, 32});
+      cases.push_back({set, variant, 3, 4});
+    }
   }
   return cases;
 }
 
 std::string form_case_name(const ::testing::TestParamInfo<FormCase>& info) {
-  return test_name(fmt::format("{}_max{}", info.param.variant.name, info.param.max_tokens));
+  return test_name(fmt::format("{}_{}_max{}", kernel_set_test_name(info.param.set),
+                               info.param.variant.name, info.param.max_tokens));
 }
 
 void PrintTo(const FormCase& c, std::ostream* os) {
@@ -354,14 +411,15 @@ void PrintTo(const FormCase& c, std::ostream* os) {
 
 constexpr BlockForm kForms[] = {BlockForm::standard, BlockForm::overlapped, BlockForm::fused_slot};
 
-class QuantizedLayerForms : public ::testing::TestWithParam<FormCase> {
+class QuantizedLayerForms : public KernelSetTest<FormCase> {
  protected:
   Plan plan(BlockForm form) const {
     Options options;
+    options.runner = RunnerKind::cpu;
     options.weights = GetParam().variant.params;
     options.max_tokens = GetParam().max_tokens;
     options.form = form;
-    return resolve(spec, options, Platform::cpu_only(2));
+    return resolve(spec, options, platform(2));
   }
 
   const ModelSpec spec = slot_spec();
@@ -408,6 +466,7 @@ TEST(QuantizedLayerFormFallback, FusedSlotFallsBackWhenActivationsAreScaledPerTo
 // Under expert parallelism the ranks' outputs add up to the single-rank output.
 
 struct EpCase {
+  KernelSet set;
   Variant variant;
   int ep_size;
   BlockForm form;
@@ -421,16 +480,18 @@ std::vector<EpCase> ep_cases() {
                               int4_group(32, DType::bf16, true),
                               int4_group(64, DType::f16, false)};
   std::vector<EpCase> cases;
-  for (const Variant& variant : variants) {
-    for (int ep_size : {2, 4}) cases.push_back({variant, ep_size, BlockForm::standard});
-  }
-  for (const Variant& variant : slot_variants()) {
-    for (int ep_size : {2, 4}) cases.push_back({variant, ep_size, BlockForm::fused_slot});
+  for (KernelSet set : kKernelSets) {
+    for (const Variant& variant : variants) {
+      for (int ep_size : {2, 4}) cases.push_back({set, variant, ep_size, BlockForm::standard});
+    }
+    for (const Variant& variant : slot_variants()) {
+      for (int ep_size : {2, 4}) cases.push_back({set, variant, ep_size, BlockForm::fused_slot});
+    }
   }
   return cases;
 }
 
-class QuantizedLayerRanks : public ::testing::TestWithParam<EpCase> {
+class QuantizedLayerRanks : public KernelSetTest<EpCase> {
  protected:
   Options options() const {
     Options o;
@@ -452,20 +513,22 @@ class QuantizedLayerRanks : public ::testing::TestWithParam<EpCase> {
 };
 
 TEST_P(QuantizedLayerRanks, SumToTheSingleRankOutput) {
-  const Plan single_plan = resolve(spec, options(), Platform::cpu_only(2));
+  const Plan single_plan = resolve(spec, options(), platform(2));
   ASSERT_EQ(single_plan.form, GetParam().form) << single_plan.explain();
   const LayerRun single = run_plan(single_plan, given, in);
-  EXPECT_LT(relative_l2(single.output, run_all_ranks(spec, ranks(), given, in).sum), 1e-5);
+  EXPECT_LT(relative_l2(single.output, run_all_ranks(spec, ranks(), given, in, platform(2)).sum),
+            1e-5);
 }
 
 TEST_P(QuantizedLayerRanks, WeightsQuantisedAheadGiveTheSameSum) {
   const LayerWeights ahead = quantized_layer(spec, GetParam().variant).view();
-  EXPECT_EQ(run_all_ranks(spec, ranks(), given, in).sum,
-            run_all_ranks(spec, ranks(), ahead, in).sum);
+  EXPECT_EQ(run_all_ranks(spec, ranks(), given, in, platform(2)).sum,
+            run_all_ranks(spec, ranks(), ahead, in, platform(2)).sum);
 }
 
 std::string ep_case_name(const ::testing::TestParamInfo<EpCase>& info) {
-  return test_name(fmt::format("{}_ep{}_{}", info.param.variant.name, info.param.ep_size,
+  return test_name(fmt::format("{}_{}_ep{}_{}", kernel_set_test_name(info.param.set),
+                               info.param.variant.name, info.param.ep_size,
                                block_form_name(info.param.form)));
 }
 

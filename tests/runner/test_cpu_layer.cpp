@@ -1,12 +1,13 @@
-// The cpu runner's two kernel choices through the whole layer: the plan records the choice for
-// the platform it is given, and the AVX2 kernels on panel16 weights (core and fused op, decode
-// and larger batches) match the float64 oracle of each format, as the portable path does in
-// tests/layers.
+// The cpu runner's kernel choices through the whole layer: the plan records the choice for the
+// platform it is given, and on every kernel set the kernels (core and fused op, decode and
+// larger batches, f32, bf16 and f16 hidden states) match the float64 oracle of each format.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "runner/cpu_fixture.hpp"
 #include "support/layer_fixture.hpp"
@@ -35,9 +36,11 @@ TEST(CpuKernelChoice, IsAPlanDecisionThatFollowsThePlatform) {
   const Plan portable = resolve(small_dsv3(), options, Platform::cpu_only(2));
   ASSERT_NE(find_decision(portable, "kernels"), nullptr);
   EXPECT_EQ(find_decision(portable, "kernels")->choice, "portable");
+  EXPECT_EQ(portable.cpu_kernels->set, CpuKernelSet::portable);
   const Plan avx2 = resolve(small_dsv3(), options, with_avx2());
   ASSERT_NE(find_decision(avx2, "kernels"), nullptr);
   EXPECT_EQ(find_decision(avx2, "kernels")->choice, "avx2 panel16");
+  EXPECT_EQ(avx2.cpu_kernels->set, CpuKernelSet::avx2_panels);
 }
 
 TEST(CpuKernelChoice, TheAvx2FusedOpServesEveryBatchSizeUnlessFusedOpsAreOff) {
@@ -55,84 +58,116 @@ TEST(CpuKernelChoice, OtherRunnersRecordNoKernels) {
   options.runner = RunnerKind::reference;
   const Plan plan = resolve(small_dsv3(), options, with_avx2());
   EXPECT_EQ(find_decision(plan, "kernels"), nullptr);
+  EXPECT_FALSE(plan.cpu_kernels.has_value());
 }
 
+// A path of the cpu runner, and the batch sizes it is run at through one layer.
 struct Path {
   const char* name;
-  int64_t tokens;
   int64_t max_tokens;
   FusedOps fused_ops;
+  std::vector<int64_t> tokens;
 };
 
-// The fused op at decode and at a larger batch (tokens sharing experts, some taking the GEMM),
-// and the core with its permutes.
-constexpr Path kPaths[] = {{"fused_decode", 3, 4, FusedOps::auto_},
-                           {"fused_batch", 40, 64, FusedOps::auto_},
-                           {"core", 40, 64, FusedOps::off}};
+// The fused op at decode sizes and at a larger batch (tokens sharing experts, some taking the
+// GEMM; on the portable kernels the core serves it), and the core with its permutes.
+const Path kPaths[] = {{"fused_decode", 4, FusedOps::auto_, {0, 1, 3}},
+                       {"fused_batch", 64, FusedOps::auto_, {1, 3, 40}},
+                       {"core", 64, FusedOps::off, {0, 1, 3, 40}}};
 
+// A kernel shape as a layer, as it is: H and I not multiples of 8 or 16 reach the part-filled
+// panels and partial scale groups at layer level too.
 ModelSpec layer_spec(const KernelShape& shape) {
   ModelSpec spec = small_dsv3();
-  spec.name = "avx2-" + shape.name;
-  spec.hidden = shape.hidden * 2;
-  spec.intermediate = shape.intermediate * 2;
-  spec.shared_intermediate = shape.intermediate * 4;
+  spec.name = "cpu-layer-" + shape.name;
+  spec.hidden = shape.hidden;
+  spec.intermediate = shape.intermediate;
+  spec.shared_intermediate = shape.intermediate * 2;
   return spec;
 }
 
+// The kernels' shapes, and for every format but int4 (which packs two values per byte along
+// both H and I) an odd H with an I of neither 8 nor 16 rows.
+std::vector<KernelShape> layer_shapes(const QuantParams& quant) {
+  std::vector<KernelShape> shapes = kernel_shapes();
+  if (quant.weight_dtype != DType::i4) shapes.push_back({"odd", 37, 13});
+  return shapes;
+}
+
 struct LayerCase {
+  KernelSet set;
   KernelFormat format;
   KernelShape shape;
-  Path path;
 };
 
 std::vector<LayerCase> layer_cases() {
   std::vector<LayerCase> cases;
-  for (const KernelFormat& f : kernel_formats()) {
-    for (const KernelShape& s : kernel_shapes()) {
-      for (const Path& p : kPaths) cases.push_back({f, s, p});
+  for (KernelSet set : kKernelSets) {
+    for (const KernelFormat& f : kernel_formats()) {
+      for (const KernelShape& s : layer_shapes(f.params)) cases.push_back({set, f, s});
     }
   }
   return cases;
 }
 
 std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
-  return info.param.format.name + "_" + info.param.shape.name + "_" + info.param.path.name;
+  return kernel_set_test_name(info.param.set) + "_" + info.param.format.name + "_" +
+         info.param.shape.name;
 }
 
-class Avx2Layer : public ::testing::TestWithParam<LayerCase> {
- protected:
-  void SetUp() override {
-    if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
-  }
-};
+void PrintTo(const LayerCase& c, std::ostream* os) {
+  *os << layer_case_name({c, 0});
+}
 
-TEST_P(Avx2Layer, MatchesTheOracleOfItsFormat) {
+class CpuLayer : public KernelSetTest<LayerCase> {};
+
+// On every path, every batch size of the path with f32, bf16 and f16 hidden states through one
+// layer, each against the oracle of its format rounded to the output dtype. The paths share a
+// case because making the weights and the oracle is most of its time.
+TEST_P(CpuLayer, MatchesTheOracleOfItsFormatOnEveryPath) {
   const LayerCase& c = GetParam();
-  const ModelSpec spec = layer_spec(c.shape);
   const QuantParams& quant = c.format.params;
-  Options options;
-  options.runner = RunnerKind::cpu;
-  options.weights = quant;
-  options.max_tokens = c.path.max_tokens;
-  options.fused_ops = c.path.fused_ops;
-  const Plan plan = resolve(spec, options, Platform::probe());
-  ASSERT_EQ(plan.cpu_kernels->set, CpuKernelSet::avx2_panels);
+  const ModelSpec spec = layer_spec(c.shape);
   const RandomWeights given = RandomWeights::make(spec, random_weights_dtype(quant.format), 31);
-  const Inputs in = random_inputs(spec, c.path.tokens, DType::f32, 37);
-  const LayerRun run = run_plan(plan, given.view(), in);
   QuantizedLayerWeights quantized;
   LayerWeights oracle_weights = given.view();
   if (quant.quantized()) {
     quantized = quantize_layer(given.view(), quant);
     oracle_weights = quantized.view();
   }
-  const OracleComparison comparison = compare_with_oracle(
-      spec, oracle_weights, quant, in.hidden.view(), run.ids, run.weights, as_doubles(run.output));
-  EXPECT_LT(comparison.error, tolerance(DType::f32)) << plan.explain();
-  EXPECT_LE(comparison.rounded_apart, 2) << "tokens with a GEMM2 input rounded to a neighbour";
+  const OracleLayer oracle(spec, oracle_weights, quant);
+  for (const Path& path : kPaths) {
+    SCOPED_TRACE(path.name);
+    Options options;
+    options.runner = RunnerKind::cpu;
+    options.weights = quant;
+    options.max_tokens = path.max_tokens;
+    options.fused_ops = path.fused_ops;
+    const Plan plan = resolve(spec, options, platform(2));
+    ASSERT_TRUE(plan.cpu_kernels.has_value());
+    const CpuKernels& k = *plan.cpu_kernels;
+    const Platform& p = platform(2);
+    EXPECT_EQ(k.set,
+              c.set == KernelSet::portable ? CpuKernelSet::portable : CpuKernelSet::avx2_panels);
+    EXPECT_EQ(k.avx512_vnni, k.set == CpuKernelSet::avx2_panels && p.avx512_vnni);
+    EXPECT_EQ(k.bf16_gemm, k.set == CpuKernelSet::avx2_panels && p.avx512_bf16 &&
+                               quant.weight_dtype == DType::bf16);
+    MoeLayer layer(plan, given.view());
+    for (DType hidden : {DType::f32, DType::bf16, DType::f16}) {
+      for (int64_t tokens : path.tokens) {
+        SCOPED_TRACE(fmt::format("hidden {} T={}", dtype_name(hidden), tokens));
+        const Inputs in = random_inputs(spec, tokens, hidden, 37 + static_cast<uint64_t>(tokens));
+        const LayerRun run = run_layer(layer, in);
+        const OracleRouting routing = oracle_routing(spec, oracle_weights, in, run);
+        EXPECT_TRUE(routing.agrees());
+        EXPECT_TRUE(compare_with_oracle(oracle, in, routing, run).within(tolerance(hidden)))
+            << plan.explain();
+      }
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, Avx2Layer, ::testing::ValuesIn(layer_cases()), layer_case_name);
+INSTANTIATE_TEST_SUITE_P(KernelSets, CpuLayer, ::testing::ValuesIn(layer_cases()), layer_case_name);
 
 }  // namespace
 }  // namespace moekit::test

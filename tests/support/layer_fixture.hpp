@@ -9,6 +9,7 @@
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/testing.hpp"
+#include "support/kernel_sets.hpp"
 #include "support/oracle.hpp"
 
 namespace moekit::test {
@@ -70,19 +71,38 @@ inline std::vector<double> as_doubles(const Tensor& t) {
   return to_doubles(t.view());
 }
 
-// Runs every rank of options.ep on the same inputs: the sum of the ranks' outputs, and rank 0's
-// run (its routing is every rank's).
+// The oracle's routing of a run's logits, with the routing the run reported checked against it.
+inline OracleRouting oracle_routing(const ModelSpec& spec, const LayerWeights& weights,
+                                    const Inputs& in, const LayerRun& run) {
+  return oracle_routing(spec, weights.correction_bias, in.logits, run.ids, run.weights);
+}
+
+// A run's output against the oracle for the oracle's routing.
+inline OracleComparison compare_with_oracle(const OracleLayer& oracle, const Inputs& in,
+                                            const OracleRouting& routing, const LayerRun& run) {
+  return compare_with_oracle(oracle, in.hidden, routing, as_doubles(run.output),
+                             run.output.view().dtype);
+}
+
+inline OracleComparison compare_with_oracle(const ModelSpec& spec, const LayerWeights& weights,
+                                            const QuantParams& quant, const Inputs& in,
+                                            const OracleRouting& routing, const LayerRun& run) {
+  return compare_with_oracle(OracleLayer(spec, weights, quant), in, routing, run);
+}
+
+// Runs every rank of options.ep on the same inputs and platform: the sum of the ranks' outputs,
+// and rank 0's run (its routing is every rank's).
 struct RankSum {
   std::vector<double> sum;
   LayerRun rank0;
 };
 
 inline RankSum run_all_ranks(const ModelSpec& spec, Options options, const LayerWeights& weights,
-                             const Inputs& in) {
+                             const Inputs& in, const Platform& platform = Platform::cpu_only(2)) {
   RankSum result{std::vector<double>(static_cast<size_t>(in.hidden.view().numel()), 0.0), {}};
   for (int rank = 0; rank < options.ep.size; ++rank) {
     options.ep.rank = rank;
-    LayerRun run = run_plan(resolve(spec, options, Platform::cpu_only(2)), weights, in);
+    LayerRun run = run_plan(resolve(spec, options, platform), weights, in);
     const std::vector<double> part = as_doubles(run.output);
     for (size_t i = 0; i < part.size(); ++i) result.sum[i] += part[i];
     if (rank == 0) result.rank0 = std::move(run);
