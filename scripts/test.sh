@@ -49,11 +49,12 @@ for flavour in release asan; do
   (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
 done
 
-# The thread pool, the overlapped block form (its shared experts on a thread of their own) and
-# layers on two or more threads; one process, since TSan is slow to start and to run.
+# The thread pool and its users (top-k selection), the overlapped block form (its shared experts
+# on a thread of their own) in every format, and the AVX2 layer on all the machine's threads; one
+# process, since TSan is slow. The leading * takes the parameterised suites' prefixes.
 echo "== tsan build (the test binary only)"
 scripts/build.sh tsan
 echo "== tsan tests: the ones that use threads"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
   build/tsan/tests/moekit_tests --gtest_brief=1 \
-  --gtest_filter='ThreadPool*:*Overlapped*:SharedExperts.*:QuantizedLayerForms*:Avx2Layer.*'
+  --gtest_filter='*ThreadPool*:*Overlapped*:SharedExperts.*:*QuantizedLayerForms.*:*Avx2Layer.*'
