@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# All tests: formatting, bounded fuzz runs of the file readers, the release build, and the same
-# tests under ASan + UBSan. The last line is ctest's summary of the sanitized run.
+# All tests: formatting, bounded fuzz runs of the file readers, the release build, the same tests
+# under ASan + UBSan, and the tests that use threads under TSan. The last lines are the
+# summary of the TSan run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -12,15 +13,34 @@ echo "== fuzz: the readers of files users hand us (bounded time each)"
 fuzzers=(spec_json_fuzzer:spec_json safetensors_fuzzer:safetensors hf_config_fuzzer:hf_config)
 CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF >/dev/null
 cmake --build build/fuzz -j "$(nproc)" --target "${fuzzers[@]%%:*}"
+# Inputs that crash, leak or time out, and each failing run's log, are kept outside the
+# repository; the corpus in the repository is only read, new inputs go to a scratch directory.
+findings=$(mktemp -d "${TMPDIR:-/tmp}/moekit-fuzz.XXXXXX")
+echo "fuzz: inputs that fail and their logs go to $findings"
+failed=()
 for entry in "${fuzzers[@]}"; do
   fuzzer=${entry%%:*} corpus=${entry##*:}
   echo "-- $fuzzer"
-  # New inputs go to a scratch directory; the corpus in the repository is only read.
   scratch=$(mktemp -d)
-  "build/fuzz/fuzz/$fuzzer" -max_total_time="${MOEKIT_FUZZ_SECONDS:-30}" -print_final_stats=1 \
-    "$scratch" "fuzz/corpus/$corpus" 2>&1 | tail -n 3
+  log="$findings/$fuzzer.log"
+  if "build/fuzz/fuzz/$fuzzer" -max_total_time="${MOEKIT_FUZZ_SECONDS:-30}" -print_final_stats=1 \
+    -artifact_prefix="$findings/$fuzzer-" "$scratch" "fuzz/corpus/$corpus" >"$log" 2>&1; then
+    tail -n 3 "$log"
+    rm "$log"
+  else
+    # The whole report (sanitizer trace, the input's file, the stats) without libFuzzer's
+    # progress lines ("#1234 NEW cov: ...").
+    grep -v -E '^#[0-9]+[[:space:]]' "$log" || true
+    failed+=("$fuzzer")
+  fi
   rm -rf "$scratch"
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: ${failed[*]} found failing inputs, kept in $findings" >&2
+  echo "fuzz: reproduce one with build/fuzz/fuzz/<fuzzer> <file>" >&2
+  exit 1
+fi
+rmdir "$findings"
 
 for flavour in release asan; do
   echo "== $flavour build"
@@ -28,3 +48,13 @@ for flavour in release asan; do
   echo "== $flavour tests"
   (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
 done
+
+# The thread pool and its users (top-k selection), the overlapped block form (its shared experts
+# on a thread of their own) in every format, and the AVX2 layer on all the machine's threads; one
+# process, since TSan is slow. The leading * takes the parameterised suites' prefixes.
+echo "== tsan build (the test binary only)"
+scripts/build.sh tsan
+echo "== tsan tests: the ones that use threads"
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
+  build/tsan/tests/moekit_tests --gtest_brief=1 \
+  --gtest_filter='*ThreadPool*:*Overlapped*:SharedExperts.*:*QuantizedLayerForms.*:*Avx2Layer.*'

@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bench/bench.hpp"
 #include "commands.hpp"
@@ -96,6 +98,28 @@ bench::BenchLog console_log() {
           }};
 }
 
+// The plan of the first case and format that resolve, as bench::run_case plans them, for the
+// thread count the ceilings are measured with. They start those threads before any case runs,
+// so when nothing resolves (a runner not built, more threads than resolve grants) each refusal
+// is printed and nothing is measured.
+std::optional<Plan> first_plan(const std::vector<bench::BenchCase>& cases, const Options& options,
+                               const Platform& platform) {
+  std::vector<std::string> refusals;
+  for (const bench::BenchCase& c : cases) {
+    if (c.tokens.empty()) continue;  // bench::run_case says why
+    for (const QuantParams& format : c.formats) {
+      Options timed = options;
+      timed.weights = format;
+      timed.max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
+      Resolution resolution = try_resolve(c.spec, timed, platform);
+      if (resolution.plan) return std::move(resolution.plan);
+      refusals.push_back(fmt::format("{} {}: {}", c.name, format.name(), resolution.refusal));
+    }
+  }
+  for (const std::string& refusal : refusals) std::fprintf(stderr, "moekit: %s\n", refusal.c_str());
+  return std::nullopt;
+}
+
 int run_bench(const BenchFlags& f) {
   if (f.list) {
     std::printf("%s", list_cases().c_str());
@@ -107,7 +131,9 @@ int run_bench(const BenchFlags& f) {
   settings.routing = PlanFlags::parse(bench::parse_routing(f.routing), "--routing", f.routing);
   const Options options = f.plan.options();
   const Platform platform = Platform::probe();
-  const int threads = options.threads > 0 ? options.threads : platform.cpu_threads;
+  const std::optional<Plan> first = first_plan(cases, options, platform);
+  if (!first) return kExitRefused;
+  const int threads = first->threads;
   const bench::BenchLog log = console_log();
 
   bench::CeilingSizes sizes = bench::CeilingSizes::Full();
@@ -202,7 +228,8 @@ Command add_bench_command(CLI::App& app) {
       ->add_option("--max-seconds", f->settings.budget_s,
                    "a slow case stops repeating after this much timed work (at least 3 runs)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      // Not CLI::PositiveNumber, whose message spells out the largest double.
+      ->check(CLI::Range(1e-3, 1e6));
   bench->add_option("--seed", f->settings.seed, "weights, hidden states and logits")
       ->capture_default_str();
   bench

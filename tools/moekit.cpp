@@ -1,5 +1,5 @@
 // The moekit command: demo, explain, matrix. Exit codes: 0 success, 2 a configuration refused
-// by resolve(), 1 any other error.
+// by resolve(), 1 any other error (a command line the parser refuses among them).
 
 #include <algorithm>
 #include <chrono>
@@ -205,7 +205,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints its message; a request for help is its "error" of code 0. Every other code of
+    // its own (105 for a value out of range, 106 for a missing option, ...) is a command line
+    // that is wrong, which moekit's exit codes call an error.
+    return app.exit(e) == 0 ? 0 : kExitError;
   }
   try {
     if (*demo) return run_demo(flags, tokens, repeats);

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "support/layer_fixture.hpp"
 
@@ -19,10 +22,12 @@ class BadInput : public ::testing::Test {
     layer.emplace(*plan, weights.view());
   }
 
-  // forward() must throw invalid_argument mentioning every fragment, leaving output untouched.
-  void expect_refused(const TensorView& hidden, const TensorView& logits, Tensor& out,
-                      std::initializer_list<const char*> fragments) {
-    out.fill_bytes(kPoison);
+  // forward() must throw invalid_argument mentioning every fragment and write nothing into
+  // `storage`, the memory the output view lies in.
+  void expect_refused(const TensorView& hidden, const TensorView& logits, const TensorView& out,
+                      const Tensor& storage, std::initializer_list<const char*> fragments) {
+    const auto* bytes = static_cast<const uint8_t*>(storage.view().data);
+    const std::vector<uint8_t> before(bytes, bytes + storage.view().nbytes());
     try {
       layer->forward(hidden, logits, out);
       FAIL() << "forward accepted bad input";
@@ -33,8 +38,13 @@ class BadInput : public ::testing::Test {
             << "message '" << e.what() << "' lacks '" << fragment << "'";
       }
     }
-    const auto* bytes = static_cast<const uint8_t*>(out.view().data);
-    for (int64_t i = 0; i < out.view().nbytes(); ++i) ASSERT_EQ(bytes[i], kPoison);
+    ASSERT_TRUE(std::equal(before.begin(), before.end(), bytes)) << "forward wrote its output";
+  }
+
+  void expect_refused(const TensorView& hidden, const TensorView& logits, Tensor& out,
+                      std::initializer_list<const char*> fragments) {
+    out.fill_bytes(kPoison);
+    expect_refused(hidden, logits, out.view(), out, fragments);
   }
 
   ModelSpec spec = small_dsv3();
@@ -112,6 +122,69 @@ TEST_F(BadInput, RoutingResultOfTheWrongShapeIsRefused) {
   }
 }
 
+// Every other column of a tensor twice as wide: the right shape, but strided.
+TensorView strided_columns(const Tensor& wide) {
+  return wide.view().narrow(1, 0, wide.view().dim(1) / 2);
+}
+
+TEST_F(BadInput, StridedTensorsAreRefusedNamingThem) {
+  std::mt19937_64 rng(46);
+  const Tensor wide_hidden = random_tensor({4, 2 * spec.hidden}, DType::f32, rng);
+  const Tensor wide_logits = random_tensor({4, 2 * spec.n_experts}, DType::f32, rng);
+  Tensor wide_output = Tensor::empty(DType::f32, {4, 2 * spec.hidden});
+  wide_output.fill_bytes(kPoison);
+  output.fill_bytes(kPoison);
+  struct Case {
+    const char* name;
+    TensorView hidden, logits, out;
+    const Tensor& storage;
+  };
+  const Case cases[] = {
+      {"hidden_states", strided_columns(wide_hidden), in.logits, output, output},
+      {"router_logits", in.hidden, strided_columns(wide_logits), output, output},
+      {"output", in.hidden, in.logits, strided_columns(wide_output), wide_output},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_refused(c.hidden, c.logits, c.out, c.storage, {c.name, "contiguous"});
+  }
+}
+
+TEST_F(BadInput, OutputThatIsTheHiddenStatesIsRefused) {
+  expect_refused(in.hidden, in.logits, in.hidden.view(), in.hidden,
+                 {"output", "overlaps", "hidden_states"});
+}
+
+TEST_F(BadInput, OutputOverlappingTheHiddenStatesByRowsIsRefused) {
+  // Rows 0-3 of one buffer as hidden states, rows 1-4 as the output.
+  Tensor rows = Tensor::empty(DType::f32, {5, spec.hidden});
+  rows.fill_bytes(kPoison);
+  std::copy_n(in.hidden.data<float>(), in.hidden.view().numel(), rows.data<float>());
+  expect_refused(rows.view().narrow(0, 0, 4), in.logits, rows.view().narrow(0, 1, 4), rows,
+                 {"output", "overlaps", "hidden_states"});
+}
+
+TEST_F(BadInput, OutputOverlappingTheRouterLogitsIsRefused) {
+  // The router logits are the first 4 x E floats of the output's memory.
+  Tensor memory = Tensor::empty(DType::f32, {4, spec.hidden});
+  memory.fill_bytes(kPoison);
+  std::copy_n(in.logits.data<float>(), in.logits.view().numel(), memory.data<float>());
+  const TensorView logits =
+      TensorView::contiguous(memory.data<float>(), DType::f32, {4, spec.n_experts});
+  expect_refused(in.hidden, logits, memory.view(), memory, {"output", "overlaps", "router_logits"});
+}
+
+TEST_F(BadInput, OutputRightAfterTheHiddenStatesInOneBufferIsAccepted) {
+  // Rows 0-3 of one buffer as hidden states, rows 4-7 as the output: adjacent, not overlapping.
+  Tensor rows = Tensor::empty(DType::f32, {8, spec.hidden});
+  rows.fill_bytes(kPoison);
+  std::copy_n(in.hidden.data<float>(), in.hidden.view().numel(), rows.data<float>());
+  output.fill_bytes(kPoison);
+  layer->forward(in.hidden, in.logits, output);
+  layer->forward(rows.view().narrow(0, 0, 4), in.logits, rows.view().narrow(0, 4, 4));
+  EXPECT_LT(relative_l2(rows.view().narrow(0, 4, 4), output), 1e-6);
+}
+
 TEST_F(BadInput, EmptyBatchGivesAnEmptyOutput) {
   const Tensor hidden = Tensor::empty(DType::f32, {0, spec.hidden});
   const Tensor logits = Tensor::empty(DType::f32, {0, spec.n_experts});
@@ -163,6 +236,40 @@ TEST(BadWeights, AreRefusedAtBuildNamingTheTensor) {
       EXPECT_EQ(e.code(), Errc::invalid_argument) << c.name;
       EXPECT_NE(std::string(e.what()).find(c.fragment), std::string::npos)
           << c.name << ": " << e.what();
+    }
+  }
+}
+
+TEST(BadWeights, NonFiniteCorrectionBiasIsRefusedNamingTheFirstBadElement) {
+  const ModelSpec spec = small_dsv3();
+  Options options;
+  options.max_tokens = 4;
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  struct Case {
+    const char* name;
+    std::vector<std::pair<int64_t, float>> spoilt;  // index, value
+    const char* element;
+    const char* value;
+  };
+  const Case cases[] = {
+      {"nan", {{3, NAN}}, "element [3]", "nan"},
+      {"inf", {{0, INFINITY}}, "element [0]", "inf"},
+      {"-inf", {{15, -INFINITY}}, "element [15]", "-inf"},
+      {"the first of two", {{9, INFINITY}, {5, NAN}}, "element [5]", "nan"},
+  };
+  for (const Case& c : cases) {
+    RandomWeights weights = RandomWeights::make(spec, DType::f32, 47);
+    for (const auto& [index, value] : c.spoilt)
+      weights.correction_bias.data<float>()[index] = value;
+    try {
+      MoeLayer layer(plan, weights.view());
+      ADD_FAILURE() << c.name << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument) << c.name;
+      for (const char* fragment : {"weights.correction_bias", c.element, c.value}) {
+        EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
+            << c.name << ": '" << e.what() << "' lacks '" << fragment << "'";
+      }
     }
   }
 }

@@ -196,5 +196,35 @@ TEST(Resolve, BadOptionsAreRefused) {
   expect_mentions(refusal(small_dsv3(), options), {"rank 2"});
 }
 
+struct ThreadLimit {
+  int cpu_threads;  // the machine's
+  int limit;        // the most resolve grants
+};
+
+// A thread count far above the machine's would start that many threads and starve it.
+TEST(Resolve, ThreadsAboveFourPerHardwareThreadAreRefusedNamingTheLimit) {
+  // A machine whose thread count is unknown (0) still gets 4.
+  for (const ThreadLimit& c : {ThreadLimit{2, 8}, ThreadLimit{16, 64}, ThreadLimit{0, 4}}) {
+    SCOPED_TRACE(fmt::format("{} CPU threads", c.cpu_threads));
+    Platform platform;
+    platform.cpu_threads = c.cpu_threads;
+    Options options;
+    options.threads = c.limit;
+    EXPECT_EQ(resolve(small_dsv3(), options, platform).threads, c.limit);
+    for (const int refused : {c.limit + 1, 100000}) {
+      options.threads = refused;
+      try {
+        resolve(small_dsv3(), options, platform);
+        ADD_FAILURE() << "threads=" << refused << " resolved";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::config_refused);
+        const std::string threads = fmt::format("threads={}", refused);
+        const std::string limit = fmt::format("limit {}", c.limit);
+        expect_mentions(e.what(), {threads.c_str(), limit.c_str()});
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moekit::test
