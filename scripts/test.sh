@@ -57,4 +57,4 @@ scripts/build.sh tsan
 echo "== tsan tests: the ones that use threads"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
   build/tsan/tests/moekit_tests --gtest_brief=1 \
-  --gtest_filter='*ThreadPool*:*Overlapped*:SharedExperts.*:*QuantizedLayerForms.*:*Avx2Layer.*'
+  --gtest_filter='*ThreadPool*:*Overlapped*:*SharedExperts.*:*QuantizedLayerForms.*:*LayerThreads*:*CpuLayer*/all_*'
