@@ -29,10 +29,17 @@ TEST(Resolve, AutoPicksTheCpuCoreOnACpuMachine) {
   EXPECT_TRUE(plan.fallbacks().empty());
 }
 
-TEST(Resolve, UnbuiltGpuRunnerIsRefusedWithTheLegalAlternatives) {
+// The cuda runner is built where nvcc was found; either way, asked for on the CPU it is refused
+// with the runners that can serve there.
+TEST(Resolve, GpuRunnerOnTheCpuIsRefusedWithTheLegalAlternatives) {
   Options options;
   options.runner = RunnerKind::cuda;
-  expect_mentions(refusal(small_dsv3(), options), {"runner=cuda", "not built", "cpu", "reference"});
+#ifdef MOEKIT_WITH_CUDA
+  const char* why = "computes on a GPU";
+#else
+  const char* why = "not built";
+#endif
+  expect_mentions(refusal(small_dsv3(), options), {"runner=cuda", why, "cpu", "reference"});
   options.runner = RunnerKind::hopper;
   expect_mentions(refusal(small_dsv3(), options), {"runner=hopper", "not built"});
 }
