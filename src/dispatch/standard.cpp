@@ -53,8 +53,9 @@ class StandardDispatcher final : public Dispatcher {
 Capability standard_supports(const Deployment& deployment) {
 #ifndef MOEKIT_WITH_CUDA
   if (deployment.options.device.kind != DeviceKind::cpu) {
-    return Capability::No("this build of moekit has no CUDA: the standard dispatcher maps "
-                          "expert ids on the CPU only");
+    return Capability::No(
+        "this build of moekit has no CUDA: the standard dispatcher maps "
+        "expert ids on the CPU only");
   }
 #endif
   return Capability::Yes(

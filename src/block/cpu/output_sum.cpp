@@ -15,7 +15,8 @@ class CpuOutputSum final : public OutputSum {
     if (shared != nullptr) {
       for (int64_t t = 0; t < T; ++t) {
         const float gate = shared_gate != nullptr ? shared_gate[t] : 1.0f;
-        for (int64_t h = 0; h < hidden_; ++h) routed[t * hidden_ + h] += gate * shared[t * hidden_ + h];
+        for (int64_t h = 0; h < hidden_; ++h)
+          routed[t * hidden_ + h] += gate * shared[t * hidden_ + h];
       }
     }
     convert_from_f32(routed, n, output.data, output.dtype);
