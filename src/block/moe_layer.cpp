@@ -138,7 +138,8 @@ class MoeLayer::Impl {
     check_forward_arguments(plan_, hidden, logits, output, routing);
     if (hidden.dim(0) == 0) return;
     ctx_.stream = stream;
-    ctx_.pool->wake();  // the workers wake up while this thread checks and routes
+    // The workers wake up while this thread checks and routes; GPU stages use none of them.
+    if (plan_.options.device.kind == DeviceKind::cpu) ctx_.pool->wake();
     if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
     const Routing routed = router_->run(ctx_, hidden, logits, arrays_.router);
     if (shared_) shared_->start(ctx_, hidden);
