@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_support.hpp"
 #include "support/layer_fixture.hpp"
+#include "support/specs.hpp"
 
 namespace moekit::test {
 namespace {
@@ -25,36 +26,6 @@ struct CudaLayerCase {
   int ep_size = 1;
   int redundant = 0;
 };
-
-ModelSpec small_softmax(int experts, int top_k, bool renormalize, int64_t H = 64, int64_t I = 40) {
-  ModelSpec spec;
-  spec.name = "small-softmax";
-  spec.hidden = H;
-  spec.intermediate = I;
-  spec.n_experts = experts;
-  spec.routing = {.scoring = Scoring::softmax, .top_k = top_k, .renormalize = renormalize};
-  return spec;
-}
-
-ModelSpec with_activation(ModelSpec spec, Activation activation) {
-  spec.activation = activation;
-  return spec;
-}
-
-ModelSpec qwen2_shared_gate() {
-  ModelSpec spec = small_softmax(8, 2, false);
-  spec.n_shared = 1;
-  spec.shared_intermediate = 80;
-  spec.shared_gate = true;
-  return spec;
-}
-
-ModelSpec sqrt_softplus() {
-  ModelSpec spec = small_softmax(12, 3, true);
-  spec.routing.scoring = Scoring::sqrt_softplus;
-  spec.routing.routed_scaling_factor = 1.5f;
-  return spec;
-}
 
 // Odd sizes: H and I not multiples of 128 (nor of 16 for the fp8 formats), E not a power of two.
 ModelSpec odd_dsv3() {
@@ -75,22 +46,13 @@ std::vector<CudaLayerCase> cases() {
       {"fp8_block", QuantParams::Fp8Block(128)},
       {"fp8_tensor", QuantParams::Fp8Tensor(Fp8Scaling::per_tensor)},
       {"fp8_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)}};
-  const std::pair<std::string, ModelSpec> specs[] = {
-      {"dsv3", small_dsv3()},
-      {"odd_dsv3", odd_dsv3()},
-      {"qwen", small_softmax(16, 4, true)},
-      {"mixtral_top1", small_softmax(8, 1, false)},
-      {"gelu", with_activation(small_softmax(8, 2, true), Activation::GeluGated())},
-      {"swiglu_oai",
-       with_activation(small_softmax(8, 2, true), Activation::SwigluOai(1.702f, 7.0f))},
-      {"sqrt_softplus", sqrt_softplus()},
-      {"qwen2_shared_gate", qwen2_shared_gate()},
-  };
+  std::vector<NamedSpec> specs = routing_specs();
+  specs.push_back({"odd_dsv3", odd_dsv3()});
   std::vector<CudaLayerCase> out;
   for (const auto& [fname, format] : formats) {
-    for (const auto& [sname, spec] : specs) {
+    for (const NamedSpec& s : specs) {
       for (int64_t tokens : {1, 3, 257}) {
-        out.push_back({fname + "_" + sname + "_T" + std::to_string(tokens), spec, format,
+        out.push_back({fname + "_" + s.name + "_T" + std::to_string(tokens), s.spec, format,
                        BlockForm::standard, DType::bf16, tokens});
       }
     }
