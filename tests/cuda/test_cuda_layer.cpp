@@ -39,6 +39,15 @@ ModelSpec odd_dsv3() {
   return spec;
 }
 
+// H and I of exactly one 128-column group: fp8-block still scales its activations per group.
+ModelSpec one_block_dsv3() {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 128;
+  spec.intermediate = 128;
+  spec.shared_intermediate = 256;
+  return spec;
+}
+
 std::vector<CudaLayerCase> cases() {
   const std::pair<std::string, QuantParams> formats[] = {
       {"bf16", WeightFormat::bf16},
@@ -48,6 +57,7 @@ std::vector<CudaLayerCase> cases() {
       {"fp8_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)}};
   std::vector<NamedSpec> specs = routing_specs();
   specs.push_back({"odd_dsv3", odd_dsv3()});
+  specs.push_back({"one_block_dsv3", one_block_dsv3()});
   std::vector<CudaLayerCase> out;
   for (const auto& [fname, format] : formats) {
     for (const NamedSpec& s : specs) {

@@ -22,9 +22,16 @@ namespace {
 
 using runner::cuda::sort_max_rows;
 
-// Rows of activations per scale along a row: fp8-block's 128-column groups, or the whole row.
+// Whether the format scales activations per token per group of columns (fp8-block) rather than
+// per token (fp8-tensor): the format says, not a comparison of the group with a row's length (a
+// row of exactly one group is still scaled per group).
+bool per_group(const QuantParams& q) {
+  return q.activation == ActivationQuant::fp8_per_token_group;
+}
+
+// Columns per activation scale: the format's groups, or the whole row.
 int64_t scale_group(const QuantParams& q, int64_t cols) {
-  return q.activation == ActivationQuant::fp8_per_token_group ? q.activation_group : cols;
+  return per_group(q) ? q.activation_group : cols;
 }
 
 int64_t groups(int64_t cols, int64_t group) {
@@ -93,20 +100,20 @@ class CudaCore final : public RunnerCore {
                                        .token_tile = c.token_tile,
                                        .gemm1_slices = c.gemm1_slices,
                                        .gemm2_slices = c.gemm2_slices};
-    const auto weight_scales = [&](const StoredMatrices& m, const float* activation, int64_t group,
-                                   int64_t cols) {
-      return cuda_gemm::Fp8Scales{
-          .weight = static_cast<const float*>(m.scale.data),
-          .weight_block_rows = static_cast<int>(p_.quant.block_rows),
-          .weight_block_cols = static_cast<int>(p_.quant.block_cols),
-          .activation = activation,
-          .activation_block_cols = group == cols ? 0 : static_cast<int>(group)};
+    const int activation_block_cols =
+        per_group(p_.quant) ? static_cast<int>(p_.quant.activation_group) : 0;
+    const auto weight_scales = [&](const StoredMatrices& m, const float* activation) {
+      return cuda_gemm::Fp8Scales{.weight = static_cast<const float*>(m.scale.data),
+                                  .weight_block_rows = static_cast<int>(p_.quant.block_rows),
+                                  .weight_block_cols = static_cast<int>(p_.quant.block_cols),
+                                  .activation = activation,
+                                  .activation_block_cols = activation_block_cols};
     };
     cuda_gemm::launch_gemm1(
         {.dtype = dtype_,
          .x = a.x,
          .w13 = w.w13.weight.data,
-         .scales = fp8_ ? weight_scales(w.w13, a.x_scales, x_group, H) : cuda_gemm::Fp8Scales{},
+         .scales = fp8_ ? weight_scales(w.w13, a.x_scales) : cuda_gemm::Fp8Scales{},
          .offsets = a.offsets,
          .num_experts = p_.slots,
          .rows = rows,
@@ -116,24 +123,22 @@ class CudaCore final : public RunnerCore {
          .act = a.act,
          .choice = choice},
         stream);
-    const int64_t act_group = scale_group(p_.quant, I);
     if (fp8_) {
-      cuda_gemm::launch_quantize_rows_e4m3(
-          {.in = static_cast<const float*>(a.act),
-           .offsets = a.offsets,
-           .num_experts = p_.slots,
-           .rows = rows,
-           .cols = static_cast<int>(I),
-           .group = act_group == I ? 0 : static_cast<int>(act_group),
-           .out = a.act_e4m3,
-           .scales = a.act_scales},
-          stream);
+      cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
+                                            .offsets = a.offsets,
+                                            .num_experts = p_.slots,
+                                            .rows = rows,
+                                            .cols = static_cast<int>(I),
+                                            .group = activation_block_cols,
+                                            .out = a.act_e4m3,
+                                            .scales = a.act_scales},
+                                           stream);
     }
     cuda_gemm::launch_gemm2(
         {.dtype = dtype_,
          .act = fp8_ ? static_cast<const void*>(a.act_e4m3) : a.act,
          .w2 = w.w2.weight.data,
-         .scales = fp8_ ? weight_scales(w.w2, a.act_scales, act_group, I) : cuda_gemm::Fp8Scales{},
+         .scales = fp8_ ? weight_scales(w.w2, a.act_scales) : cuda_gemm::Fp8Scales{},
          .offsets = a.offsets,
          .num_experts = p_.slots,
          .rows = rows,
