@@ -58,7 +58,10 @@ def sort_by_expert(logits, k, E):
     w, ids = route(logits, k)
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)
-    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    # bincount would sync with the host to size its output; a scatter into E counters does not.
+    counts = torch.zeros(E, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
     return w.flatten()[order], order, offs
 
 
@@ -83,6 +86,16 @@ def grouped_layer(x, logits, w13, w2, k):
 def quantize_rows(t):
     scale = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 448.0
     return (t.float() / scale).to(FP8), scale.squeeze(-1)
+
+
+def quantize_experts(w):
+    """e4m3 weights with one scale per expert and output row, an expert at a time (the whole
+    stack in f32 would not fit beside the bf16 one)."""
+    q = torch.empty(w.shape, dtype=FP8, device=w.device)
+    s = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
+    for e in range(w.shape[0]):
+        q[e], s[e] = quantize_rows(w[e])
+    return q, s
 
 
 def scaled_grouped_layer(x, logits, q13, s13, q2, s2, k):
@@ -149,8 +162,8 @@ def main():
                 layers = {"loop": lambda x, g: loop_layer(x, g, w13, w2, k),
                           "grouped_mm": lambda x, g: grouped_layer(x, g, w13, w2, k)}
             else:
-                q13, s13 = quantize_rows(w13)
-                q2, s2 = quantize_rows(w2)
+                q13, s13 = quantize_experts(w13)
+                q2, s2 = quantize_experts(w2)
                 layers = {"grouped_mm": lambda x, g: scaled_grouped_layer(x, g, q13, s13, q2, s2, k)}
             for T in tokens:
                 x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)

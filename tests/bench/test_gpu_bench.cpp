@@ -2,6 +2,7 @@
 // report, and the refusals of the GPU commands on a machine without one.
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "bench/gpu_bench.hpp"
+#include "bench/random_layer.hpp"
 #include "moekit/platform.hpp"
 #include "support/hf_checkpoint.hpp"
 #include "support/run_moekit.hpp"
@@ -40,6 +42,44 @@ std::vector<int64_t> gpu_tokens(const std::string& prefix, WeightFormat format) 
     }
   }
   return tokens;
+}
+
+struct Moments {
+  double mean = 0.0, stddev = 0.0, largest = 0.0;
+};
+
+template <typename Value>
+Moments moments_of(const Tensor& t, const Value& value) {
+  const int64_t n = t.view().numel();
+  double sum = 0.0, squares = 0.0;
+  Moments m;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = value(i);
+    sum += v;
+    squares += v * v;
+    m.largest = std::max(m.largest, std::fabs(v));
+  }
+  m.mean = sum / static_cast<double>(n);
+  m.stddev = std::sqrt(squares / static_cast<double>(n) - m.mean * m.mean);
+  return m;
+}
+
+// The GPU bench makes fp8 experts directly as e4m3 codes and its logits in f32.
+TEST(FastRandomE4m3, HasTheAskedDeviationWithinTheFormatsRange) {
+  const Tensor t = fast_random_e4m3({int64_t{1} << 20}, 64.0f, 3, 2);
+  const Moments m = moments_of(t, [&t](int64_t i) { return to_float(t.data<e4m3_t>()[i]); });
+  EXPECT_NEAR(m.mean, 0.0, 0.5);
+  EXPECT_NEAR(m.stddev, 64.0, 1.5);  // e4m3 rounding of a few percent, evenly signed
+  EXPECT_LE(m.largest, 64.0 * 3.5);
+}
+
+TEST(FastRandomF32, HasTheAskedMeanAndDeviationAndDependsOnTheSeed) {
+  const Tensor t = fast_random_f32({int64_t{1} << 20}, 2.0f, 9, 2);
+  const Moments m = moments_of(t, [&t](int64_t i) { return t.data<float>()[i]; });
+  EXPECT_NEAR(m.mean, 0.0, 0.01);
+  EXPECT_NEAR(m.stddev, 2.0, 0.02);
+  EXPECT_NE(fast_random_f32({4}, 1.0f, 9, 1).data<float>()[0],
+            fast_random_f32({4}, 1.0f, 10, 1).data<float>()[0]);
 }
 
 TEST(GpuCases, CoverTheBenchmarkTokenCountsInBf16AndFp8Block) {

@@ -81,7 +81,7 @@ class GraphExec {
   GraphExec& operator=(const GraphExec&) = delete;
   template <typename Enqueue>
   void capture(cudaStream_t stream, const Enqueue& enqueue) {
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
     enqueue();
     check(cudaStreamEndCapture(stream, &graph_), "a forward captured in a CUDA graph");
     check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
@@ -420,7 +420,7 @@ void run_gpu_case(const BenchCase& bench_case, const Options& options, const Pla
     }
     const Plan& plan = *resolution.plan;
     const auto start = Clock::now();
-    RandomExperts experts(spec, format, settings.seed, threads);
+    RandomExperts experts(spec, plan.quant, settings.seed, threads);
     MoeLayer layer(plan, experts);
     const double built = seconds_since(start);
     report.setup_s += built;
