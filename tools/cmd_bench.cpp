@@ -139,9 +139,7 @@ int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& case
       "flush ({} MiB written) before every repeat; median of {} after {} warm-up",
       bench::kGraphMaxTokens, std::max<int64_t>(4 * report.gpu.l2_bytes, int64_t{64} << 20) >> 20,
       std::max(10, settings.repeats), std::max(1, settings.warmup)));
-  for (const bench::BenchCase& c : cases) {
-    bench::run_gpu_case(c, options, platform, settings, log, report);
-  }
+  bench::run_gpu_cases(cases, options, platform, settings, log, report);
   log.note(
       fmt::format("done in {:.1f} s, of which building layers {:.1f} s\n",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

@@ -120,6 +120,7 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   Options reference_options = options;
   reference_options.runner = RunnerKind::reference;
   reference_options.form = BlockForm::standard;
+  reference_options.device = Device::cpu();  // the reference runs on the host's copy
   MoeLayer reference(resolve(spec, reference_options, platform), given);
   reference.forward(hidden, logits, expected);
   if (plan.quant.quantized()) {

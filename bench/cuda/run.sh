@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu.sh's benchmark hook: `bench/cuda/run.sh BUILD_DIR OUT_DIR`. Builds the moekit
-# command in BUILD_DIR, runs `moekit bench --device cuda` (every GPU case, checked against the
-# reference; OUT_DIR/bench_cuda.json), the two PyTorch layers on the same cases where PyTorch is
-# installed (torch_moe_layers.py; MOEKIT_BENCH_TORCH=0 skips them), and prints them side by side
+# command in BUILD_DIR, runs the two PyTorch layers on the GPU cases where PyTorch is installed
+# (torch_moe_layers.py, at most MOEKIT_TORCH_SECONDS; MOEKIT_BENCH_TORCH=0 skips them), then
+# `moekit bench --device cuda` (every GPU case, checked against the reference;
+# OUT_DIR/bench_cuda.json), and prints them side by side
 # (compare.py; OUT_DIR/bench_compare.json). The last line printed is one summary line.
 #
 #   MOEKIT_BIN         a moekit binary to use instead of building one
@@ -17,15 +18,16 @@ moekit=${MOEKIT_BIN:-$build/tools/moekit}
 if [ -z "${MOEKIT_BIN:-}" ]; then
   cmake --build "$build" -j "$(nproc)" --target moekit || exit 1
 fi
-# shellcheck disable=SC2086
-"$moekit" bench --device cuda --json "$out/bench_cuda.json" ${MOEKIT_BENCH_ARGS:-}
-bench_rc=$?
+# The torch layers first: their figures come back even if the moekit run is cut short.
 torch_json=$build/torch_layers.json
 rm -f "$torch_json"
 if [ "${MOEKIT_BENCH_TORCH:-1}" != 0 ] && python3 -c "import torch" 2>/dev/null; then
-  timeout "${MOEKIT_TORCH_SECONDS:-240}" python3 bench/cuda/torch_moe_layers.py "$torch_json" ||
+  timeout "${MOEKIT_TORCH_SECONDS:-150}" python3 bench/cuda/torch_moe_layers.py "$torch_json" ||
     echo "torch layers: exit $?"
 fi
+# shellcheck disable=SC2086
+"$moekit" bench --device cuda --json "$out/bench_cuda.json" ${MOEKIT_BENCH_ARGS:-}
+bench_rc=$?
 if [ "${MOEKIT_GEMM_BENCH:-0}" = 1 ]; then
   flags="-std=c++20 -O3 -gencode arch=compute_90,code=sm_90 -I include -I src"
   mkdir -p "$build/gemm_bench"

@@ -15,8 +15,8 @@ namespace {
 GpuCeilings measure_gpu_ceilings(int, int64_t, int) {
   no_cuda();
 }
-void run_gpu_case(const BenchCase&, const Options&, const Platform&, const BenchSettings&,
-                  const BenchLog&, GpuReport&) {
+void run_gpu_cases(const std::vector<BenchCase>&, const Options&, const Platform&,
+                   const BenchSettings&, const BenchLog&, GpuReport&) {
   no_cuda();
 }
 std::vector<double> time_on_gpu(int, int, int, const std::function<void(CUstream_st*)>&) {

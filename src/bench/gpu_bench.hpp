@@ -78,9 +78,11 @@ GpuCaseResult gpu_result(const BenchCase& bench_case, const QuantParams& format,
 // Measures the ceilings on GPU `device` (read_bytes: the array the read kernel sweeps).
 GpuCeilings measure_gpu_ceilings(int device, int64_t read_bytes, int passes);
 
-// Runs every format, token count and skewed token count of `bench_case` on options.device.
-void run_gpu_case(const BenchCase& bench_case, const Options& options, const Platform& platform,
-                  const BenchSettings& settings, const BenchLog& log, GpuReport& report);
+// Runs every format, token count and skewed token count of `cases` on options.device; consecutive
+// cases of one layer shape share one layer per format.
+void run_gpu_cases(const std::vector<BenchCase>& cases, const Options& options,
+                   const Platform& platform, const BenchSettings& settings, const BenchLog& log,
+                   GpuReport& report);
 
 // Seconds of each of `repeats` calls of `enqueue` on a stream of GPU `device`, timed with CUDA
 // events, after `warmup` untimed calls; the stream is synchronised before it returns.

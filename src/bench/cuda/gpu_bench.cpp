@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -218,42 +219,73 @@ Tensor repeat_logits(const ModelSpec& spec, int64_t tokens, int count, Routing r
   return logits;
 }
 
-// The float64 reference of the first `n` tokens: routing is softmax top-k renormalised, so a
-// token's experts and weights depend only on the logits of the experts it selects, and a layer
-// of the union of those experts (at most n * k of them, not E) gives the same output.
-Tensor reference_output(const ModelSpec& spec, const QuantParams& format, const Platform& platform,
-                        int threads, LayerWeightSource& experts, const Tensor& hidden,
-                        const float* logits, int64_t n) {
-  const int E = spec.n_experts, k = spec.routing.top_k;
-  std::vector<int> chosen, order;
-  for (int64_t t = 0; t < n; ++t) {
-    top_k(logits + t * E, E, k, order);
-    chosen.insert(chosen.end(), order.begin(), order.end());
+// The check: after the timed repeats, one more forward of the same T (the graph where there is
+// one) whose first kCheckedTokens tokens are routed to experts of a fixed few, against the float64
+// reference runner over those few only. Routing is softmax top-k renormalised, so a token's
+// experts and weights depend only on the logits of the experts it selects, and a layer of a
+// subset holding them gives the same output. Building that reference once per layer, not once
+// per T, matters: a layer loads about 0.2 GB/s (QuantMethod::load_expert), so DeepSeek-V3's 32
+// experts of a fresh subset per T would cost 16 s each in bf16.
+class CheckedExperts {
+ public:
+  // Pushes a checked token's chosen logits far above every other (unit-normal) logit.
+  static constexpr float kBoost = 30.0f;
+
+  CheckedExperts(const ModelSpec& spec, const QuantParams& format, const Platform& platform,
+                 int threads, LayerWeightSource& experts)
+      : spec_(spec) {
+    const int E = spec.n_experts, k = spec.routing.top_k;
+    const int count = std::min(E, 2 * k);
+    for (int i = 0; i < count; ++i) chosen_.push_back(static_cast<int>(int64_t{i} * E / count));
+    ModelSpec sub = spec;
+    sub.n_experts = count;
+    Options options;
+    options.runner = RunnerKind::reference;
+    options.form = BlockForm::standard;
+    options.weights = format;
+    options.max_tokens = kCheckedTokens;
+    options.threads = threads;
+    SomeExperts some(experts, chosen_);
+    reference_ = std::make_unique<MoeLayer>(resolve(sub, options, platform), some);
   }
-  std::sort(chosen.begin(), chosen.end());
-  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
-  ModelSpec sub = spec;
-  sub.n_experts = static_cast<int>(chosen.size());
-  sub.routing.top_k = std::min(k, sub.n_experts);
-  Tensor sub_logits = Tensor::empty(DType::f32, {n, sub.n_experts});
-  for (int64_t t = 0; t < n; ++t) {
-    for (int j = 0; j < sub.n_experts; ++j) {
-      sub_logits.data<float>()[t * sub.n_experts + j] =
-          logits[t * E + chosen[static_cast<size_t>(j)]];
+
+  // Router logits for the check: `logits` [T, E] with each of the first n tokens given k of the
+  // chosen experts, drawn afresh per token.
+  Tensor logits_for_check(const float* logits, int64_t T, int64_t n, uint64_t seed) const {
+    const int E = spec_.n_experts, k = spec_.routing.top_k;
+    Tensor out = Tensor::empty(DType::f32, {T, E});
+    std::copy_n(logits, T * E, out.data<float>());
+    std::mt19937_64 rng(seed);
+    std::vector<int> order = chosen_;
+    for (int64_t t = 0; t < n; ++t) {
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int j = 0; j < k; ++j)
+        out.data<float>()[t * E + order[static_cast<size_t>(j)]] += kBoost;
     }
+    return out;
   }
-  Options options;
-  options.runner = RunnerKind::reference;
-  options.form = BlockForm::standard;
-  options.weights = format;
-  options.max_tokens = n;
-  options.threads = threads;
-  SomeExperts some(experts, chosen);
-  MoeLayer reference(resolve(sub, options, platform), some);
-  Tensor expected = Tensor::empty(DType::bf16, {n, spec.hidden});
-  reference.forward(hidden.view().narrow(0, 0, n), sub_logits, expected);
-  return expected;
-}
+
+  // The reference output of the first n tokens of `hidden` under `logits` (from logits_for_check).
+  Tensor expected(const Tensor& hidden, const Tensor& logits, int64_t n) {
+    const int E = spec_.n_experts;
+    const auto count = static_cast<int64_t>(chosen_.size());
+    Tensor sub_logits = Tensor::empty(DType::f32, {n, count});
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < count; ++j) {
+        sub_logits.data<float>()[t * count + j] =
+            logits.data<const float>()[t * E + chosen_[static_cast<size_t>(j)]];
+      }
+    }
+    Tensor out = Tensor::empty(DType::bf16, {n, spec_.hidden});
+    reference_->forward(hidden.view().narrow(0, 0, n), sub_logits, out);
+    return out;
+  }
+
+ private:
+  ModelSpec spec_;
+  std::vector<int> chosen_;
+  std::unique_ptr<MoeLayer> reference_;
+};
 
 std::string gemm_path(const Plan& plan, int64_t tokens) {
   if (!plan.cuda_kernels) return std::string(runner_name(plan.runner));
@@ -276,7 +308,7 @@ struct TimedCase {
   int64_t flush_bytes;
 };
 
-GpuCaseResult time_tokens(const TimedCase& c, MoeLayer& layer, RandomExperts& experts, int64_t T,
+GpuCaseResult time_tokens(const TimedCase& c, MoeLayer& layer, CheckedExperts& checked, int64_t T,
                           Routing routing) {
   const ModelSpec& spec = c.plan.spec;
   const int E = spec.n_experts, k = spec.routing.top_k;
@@ -345,13 +377,23 @@ GpuCaseResult time_tokens(const TimedCase& c, MoeLayer& layer, RandomExperts& ex
                                     std::move(seconds), distinct[distinct.size() / 2]);
   result.path = gemm_path(c.plan, T);
 
-  // The last repeat's output, its first tokens against the reference.
+  // One more forward, untimed, the same way (graph or not), on logits that route its first tokens
+  // to the reference's experts.
   const int64_t n = std::min(T, kCheckedTokens);
+  const Tensor check_logits =
+      checked.logits_for_check(logits.data<const float>() + (count - 1) * T * E, T, n, seed + 2);
+  copy(logits_d, check_logits);
+  check(cudaMemsetAsync(output_d.view().data, 0xD5, output_bytes, s), "poisoning the output");
+  if (graphed) {
+    graph.launch(s);
+  } else {
+    forward();
+  }
+  check(cudaStreamSynchronize(s), "the checked forward");
+  layer.synchronize();
   Tensor got = Tensor::empty(DType::bf16, {n, spec.hidden});
   copy(got, output_d.view().narrow(0, 0, n));
-  const Tensor expected =
-      reference_output(spec, c.plan.quant, c.platform, c.threads, experts, hidden,
-                       logits.data<const float>() + (count - 1) * T * E, n);
+  const Tensor expected = checked.expected(hidden, check_logits, n);
   result.checked_tokens = n;
   result.error = relative_l2(got, expected);
   const double tolerance = c.plan.quant.weight_dtype == DType::f8e4m3 ? 5e-2 : kBf16Tolerance;
@@ -386,60 +428,103 @@ GpuCeilings measure_gpu_ceilings(int device, int64_t read_bytes, int passes) {
   return g;
 }
 
-void run_gpu_case(const BenchCase& bench_case, const Options& options, const Platform& platform,
-                  const BenchSettings& settings, const BenchLog& log, GpuReport& report) {
-  const ModelSpec& spec = bench_case.spec;
-  if (spec.routing.scoring != Scoring::softmax || !spec.routing.renormalize || spec.n_shared > 0) {
-    fail(Errc::invalid_argument,
-         "bench on cuda: case {} must be routed experts with softmax top-k renormalised (its "
-         "reference checks the selected experts only)",
-         bench_case.name);
-  }
-  std::vector<std::pair<int64_t, Routing>> runs;
-  for (int64_t T : bench_case.tokens) runs.emplace_back(T, Routing::uniform);
-  for (int64_t T : bench_case.skewed_tokens) runs.emplace_back(T, Routing::skewed);
-  if (settings.routing == Routing::skewed) {
-    for (auto& run : runs) run.second = Routing::skewed;
-  }
-  int64_t max_tokens = 1;
-  for (const auto& run : runs) max_tokens = std::max(max_tokens, run.first);
+void run_gpu_cases(const std::vector<BenchCase>& cases, const Options& options,
+                   const Platform& platform, const BenchSettings& settings, const BenchLog& log,
+                   GpuReport& report) {
   const int threads = options.threads > 0 ? options.threads : platform.cpu_threads;
   check(cudaSetDevice(options.device.index), "cudaSetDevice");
   const int64_t flush_bytes = std::max<int64_t>(4 * report.gpu.l2_bytes, int64_t{64} << 20);
   Buffer flush = Buffer::allocate(options.device, flush_bytes);
-
-  for (const QuantParams& format : bench_case.formats) {
-    Options timed = options;
-    timed.weights = format;
-    timed.max_tokens = max_tokens;
-    const Resolution resolution = try_resolve(spec, timed, platform);
-    if (!resolution.plan) {
-      report.refusals.push_back({bench_case.name, format.name(), resolution.refusal});
-      log.note(fmt::format("{} {}: {}", bench_case.name, format.name(), resolution.refusal));
-      continue;
+  for (const BenchCase& c : cases) {
+    const ModelSpec& spec = c.spec;
+    if (spec.routing.scoring != Scoring::softmax || !spec.routing.renormalize ||
+        spec.n_shared > 0) {
+      fail(Errc::invalid_argument,
+           "bench on cuda: case {} must be routed experts with softmax top-k renormalised (its "
+           "reference checks the selected experts only)",
+           c.name);
     }
-    const Plan& plan = *resolution.plan;
-    const auto start = Clock::now();
-    RandomExperts experts(spec, plan.quant, settings.seed, threads);
-    MoeLayer layer(plan, experts);
-    const double built = seconds_since(start);
-    report.setup_s += built;
-    log.note(fmt::format(
-        "{} {}: {} layer of {} random experts ({:.2f} GB) built in {:.1f} s", bench_case.name,
-        format.name(), runner_name(plan.runner), spec.n_experts,
-        1e-9 * static_cast<double>(spec.n_experts *
-                                   expert_bytes(format, spec.hidden, spec.intermediate)),
-        built));
-    const TimedCase timed_case{bench_case, plan,    platform,     settings,   log,
-                               report,     threads, flush.data(), flush_bytes};
-    for (const auto& [T, routing] : runs) {
-      report.results.push_back(time_tokens(timed_case, layer, experts, T, routing));
-      const GpuCaseResult& r = report.results.back();
-      log.note(fmt::format("{} {} T={} {}: {:.1f} us, {:.1f}% of floor, error {:.1e} {}",
-                           bench_case.name, format.name(), T, routing_name(routing),
-                           r.timing.median_s * 1e6, 100.0 * r.floor_ratio(), r.error,
-                           r.ok ? "ok" : "FAILED"));
+  }
+  const auto same_layer = [](const ModelSpec& a, const ModelSpec& b) {
+    return a.n_experts == b.n_experts && a.routing.top_k == b.routing.top_k &&
+           a.hidden == b.hidden && a.intermediate == b.intermediate;
+  };
+  // Consecutive cases of one layer shape (DeepSeek-V3's decode and prefill) share its layers:
+  // building one from random experts is most of the run's time.
+  for (size_t first = 0; first < cases.size();) {
+    size_t last = first + 1;
+    while (last < cases.size() && same_layer(cases[first].spec, cases[last].spec)) ++last;
+    std::vector<QuantParams> formats;
+    for (size_t i = first; i < last; ++i) {
+      for (const QuantParams& f : cases[i].formats) {
+        if (std::none_of(formats.begin(), formats.end(),
+                         [&f](const QuantParams& g) { return g.name() == f.name(); })) {
+          formats.push_back(f);
+        }
+      }
     }
+    for (const QuantParams& format : formats) {
+      struct Run {
+        const BenchCase* bench_case;
+        int64_t tokens;
+        Routing routing;
+      };
+      std::vector<Run> runs;
+      for (size_t i = first; i < last; ++i) {
+        const BenchCase& c = cases[i];
+        if (std::none_of(c.formats.begin(), c.formats.end(),
+                         [&format](const QuantParams& g) { return g.name() == format.name(); })) {
+          continue;
+        }
+        const Routing uniform =
+            settings.routing == Routing::skewed ? Routing::skewed : Routing::uniform;
+        for (int64_t T : c.tokens) runs.push_back({&c, T, uniform});
+        for (int64_t T : c.skewed_tokens) runs.push_back({&c, T, Routing::skewed});
+      }
+      const BenchCase& head = *runs.front().bench_case;
+      Options timed = options;
+      timed.weights = format;
+      timed.max_tokens = 1;
+      for (const Run& r : runs) timed.max_tokens = std::max(timed.max_tokens, r.tokens);
+      const Resolution resolution = try_resolve(head.spec, timed, platform);
+      if (!resolution.plan) {
+        for (size_t i = first; i < last; ++i) {
+          report.refusals.push_back({cases[i].name, format.name(), resolution.refusal});
+        }
+        log.note(fmt::format("{} {}: {}", head.name, format.name(), resolution.refusal));
+        continue;
+      }
+      const Plan& plan = *resolution.plan;
+      auto start = Clock::now();
+      RandomExperts experts(head.spec, plan.quant, settings.seed, threads);
+      MoeLayer layer(plan, experts);
+      double built = seconds_since(start);
+      report.setup_s += built;
+      log.note(fmt::format(
+          "{} {}: {} layer of {} random experts ({:.2f} GB) built in {:.1f} s", head.name,
+          format.name(), runner_name(plan.runner), head.spec.n_experts,
+          1e-9 * static_cast<double>(head.spec.n_experts * expert_bytes(format, head.spec.hidden,
+                                                                        head.spec.intermediate)),
+          built));
+      start = Clock::now();
+      CheckedExperts checked(head.spec, plan.quant, platform, threads, experts);
+      built = seconds_since(start);
+      report.setup_s += built;
+      log.note(fmt::format("{} {}: reference layer of {} experts built in {:.1f} s", head.name,
+                           format.name(),
+                           std::min(head.spec.n_experts, 2 * head.spec.routing.top_k), built));
+      for (const Run& r : runs) {
+        const TimedCase timed_case{*r.bench_case, plan,    platform,     settings,   log,
+                                   report,        threads, flush.data(), flush_bytes};
+        report.results.push_back(time_tokens(timed_case, layer, checked, r.tokens, r.routing));
+        const GpuCaseResult& result = report.results.back();
+        log.note(fmt::format("{} {} T={} {}: {:.1f} us, {:.1f}% of floor, error {:.1e} {}",
+                             r.bench_case->name, format.name(), r.tokens, routing_name(r.routing),
+                             result.timing.median_s * 1e6, 100.0 * result.floor_ratio(),
+                             result.error, result.ok ? "ok" : "FAILED"));
+      }
+    }
+    first = last;
   }
 }
 
