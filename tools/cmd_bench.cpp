@@ -127,7 +127,11 @@ int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& case
       fail(Errc::config_refused, "{} {}: {}", c.name, c.formats.front().name(), r.refusal);
   }
   const auto start = std::chrono::steady_clock::now();
-  std::ofstream json_out = open_json(f.json_file);
+  open_json(f.json_file);  // a path that cannot be written fails here, not after the run
+  const auto save = [&f](const bench::GpuReport& so_far) {
+    std::ofstream out = open_json(f.json_file);
+    write_json(out, f.json_file, so_far.json());
+  };
   const bench::BenchLog log = console_log();
   bench::GpuReport report;
   report.gpu = bench::measure_gpu_ceilings(options.device.index, f.bandwidth_bytes, 10);
@@ -139,13 +143,13 @@ int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& case
       "flush ({} MiB written) before every repeat; median of {} after {} warm-up",
       bench::kGraphMaxTokens, std::max<int64_t>(4 * report.gpu.l2_bytes, int64_t{64} << 20) >> 20,
       std::max(10, settings.repeats), std::max(1, settings.warmup)));
-  bench::run_gpu_cases(cases, options, platform, settings, log, report);
+  bench::run_gpu_cases(cases, options, platform, settings, log, report, save);
   log.note(
       fmt::format("done in {:.1f} s, of which building layers {:.1f} s\n",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                   report.setup_s));
   std::printf("%s%s\n", report.table().c_str(), report.summary().c_str());
-  write_json(json_out, f.json_file, report.json());
+  save(report);
   if (!report.all_ok()) return kExitError;
   return report.refusals.empty() ? 0 : kExitRefused;
 }

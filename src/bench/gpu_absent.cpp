@@ -16,7 +16,8 @@ GpuCeilings measure_gpu_ceilings(int, int64_t, int) {
   no_cuda();
 }
 void run_gpu_cases(const std::vector<BenchCase>&, const Options&, const Platform&,
-                   const BenchSettings&, const BenchLog&, GpuReport&) {
+                   const BenchSettings&, const BenchLog&, GpuReport&,
+                   const std::function<void(const GpuReport&)>&) {
   no_cuda();
 }
 std::vector<double> time_on_gpu(int, int, int, const std::function<void(CUstream_st*)>&) {

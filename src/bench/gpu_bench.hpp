@@ -80,9 +80,11 @@ GpuCeilings measure_gpu_ceilings(int device, int64_t read_bytes, int passes);
 
 // Runs every format, token count and skewed token count of `cases` on options.device; consecutive
 // cases of one layer shape share one layer per format.
+// `after_each` sees the report after every result (to save it as it grows: a run cut short keeps
+// what it measured).
 void run_gpu_cases(const std::vector<BenchCase>& cases, const Options& options,
                    const Platform& platform, const BenchSettings& settings, const BenchLog& log,
-                   GpuReport& report);
+                   GpuReport& report, const std::function<void(const GpuReport&)>& after_each = {});
 
 // Seconds of each of `repeats` calls of `enqueue` on a stream of GPU `device`, timed with CUDA
 // events, after `warmup` untimed calls; the stream is synchronised before it returns.

@@ -430,7 +430,7 @@ GpuCeilings measure_gpu_ceilings(int device, int64_t read_bytes, int passes) {
 
 void run_gpu_cases(const std::vector<BenchCase>& cases, const Options& options,
                    const Platform& platform, const BenchSettings& settings, const BenchLog& log,
-                   GpuReport& report) {
+                   GpuReport& report, const std::function<void(const GpuReport&)>& after_each) {
   const int threads = options.threads > 0 ? options.threads : platform.cpu_threads;
   check(cudaSetDevice(options.device.index), "cudaSetDevice");
   const int64_t flush_bytes = std::max<int64_t>(4 * report.gpu.l2_bytes, int64_t{64} << 20);
@@ -522,6 +522,7 @@ void run_gpu_cases(const std::vector<BenchCase>& cases, const Options& options,
                              r.bench_case->name, format.name(), r.tokens, routing_name(r.routing),
                              result.timing.median_s * 1e6, 100.0 * result.floor_ratio(),
                              result.error, result.ok ? "ok" : "FAILED"));
+        if (after_each) after_each(report);
       }
     }
     first = last;
