@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench.hpp"
+#include "bench/gpu_bench.hpp"
 #include "commands.hpp"
 
 namespace moekit::cli {
@@ -120,6 +121,63 @@ std::optional<Plan> first_plan(const std::vector<bench::BenchCase>& cases, const
   return std::nullopt;
 }
 
+// Opened first, so that a path that cannot be written fails before a long run.
+std::ofstream open_json(const std::string& path) {
+  std::ofstream out;
+  if (!path.empty()) {
+    out.open(path);
+    if (!out) fail(Errc::io, "--json {}: cannot open the file for writing", path);
+  }
+  return out;
+}
+
+void write_json(std::ofstream& out, const std::string& path, const std::string& text) {
+  if (!out.is_open()) return;
+  out << text;
+  out.close();
+  if (!out) fail(Errc::io, "--json {}: could not write the results", path);
+}
+
+// The GPU cases: ceilings of the GPU, CUDA events, graphs for small batches (gpu_bench.hpp).
+// A machine without a usable GPU gets resolve's refusal of the first case, exit 2.
+int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& cases,
+                  const bench::BenchSettings& settings, const Options& options,
+                  const Platform& platform) {
+  for (const bench::BenchCase& c : cases) {
+    Options probe = options;
+    probe.weights = c.formats.front();
+    const Resolution r = try_resolve(c.spec, probe, platform);
+    if (!r.plan)
+      fail(Errc::config_refused, "{} {}: {}", c.name, c.formats.front().name(), r.refusal);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  open_json(f.json_file);  // a path that cannot be written fails here, not after the run
+  const auto save = [&f](const bench::GpuReport& so_far) {
+    std::ofstream out = open_json(f.json_file);
+    write_json(out, f.json_file, so_far.json());
+  };
+  const bench::BenchLog log = console_log();
+  bench::GpuReport report;
+  report.gpu = bench::measure_gpu_ceilings(options.device.index, f.bandwidth_bytes, 10);
+  log.note(fmt::format("ceilings: read {:.2f} TB/s, bf16 {:.0f} TFLOP/s, fp8 {:.0f} TFLOP/s ({})",
+                       report.gpu.read_bytes_per_s * 1e-12, report.gpu.bf16_flops_per_s * 1e-12,
+                       report.gpu.fp8_flops_per_s * 1e-12, report.gpu.peak_method));
+  log.note(fmt::format(
+      "CUDA events per forward, CUDA-graph replay for T <= {}, fresh router logits and an L2 "
+      "flush ({} MiB written) before every repeat; median of {} after {} warm-up",
+      bench::kGraphMaxTokens, std::max<int64_t>(4 * report.gpu.l2_bytes, int64_t{64} << 20) >> 20,
+      std::max(10, settings.repeats), std::max(1, settings.warmup)));
+  bench::run_gpu_cases(cases, options, platform, settings, log, report, save);
+  log.note(
+      fmt::format("done in {:.1f} s, of which building layers {:.1f} s\n",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  report.setup_s));
+  std::printf("%s%s\n", report.table().c_str(), report.summary().c_str());
+  save(report);
+  if (!report.all_ok()) return kExitError;
+  return report.refusals.empty() ? 0 : kExitRefused;
+}
+
 int run_bench(const BenchFlags& f) {
   if (f.list) {
     std::printf("%s", list_cases().c_str());
@@ -131,6 +189,9 @@ int run_bench(const BenchFlags& f) {
   settings.routing = PlanFlags::parse(bench::parse_routing(f.routing), "--routing", f.routing);
   const Options options = f.plan.options();
   const Platform platform = Platform::probe();
+  if (options.device.kind == DeviceKind::cuda) {
+    return run_gpu_bench(f, cases, settings, options, platform);
+  }
   const std::optional<Plan> first = first_plan(cases, options, platform);
   if (!first) return kExitRefused;
   const int threads = first->threads;
@@ -138,12 +199,7 @@ int run_bench(const BenchFlags& f) {
 
   bench::CeilingSizes sizes = bench::CeilingSizes::Full();
   sizes.read_bytes = f.bandwidth_bytes;
-  // Opened first, so that a path that cannot be written fails before a long run.
-  std::ofstream json_out;
-  if (!f.json_file.empty()) {
-    json_out.open(f.json_file);
-    if (!json_out) fail(Errc::io, "--json {}: cannot open the file for writing", f.json_file);
-  }
+  std::ofstream json_out = open_json(f.json_file);
   const auto step = std::chrono::steady_clock::now();
   bench::BenchReport report;
   report.machine = bench::Ceilings::Measure(threads, sizes);
@@ -169,11 +225,7 @@ int run_bench(const BenchFlags& f) {
   log.note(fmt::format("done in {:.1f} s, of which setup (weights and layers) {:.1f} s\n", total_s,
                        report.setup_s));
   std::printf("%s", report.table().c_str());
-  if (json_out.is_open()) {
-    json_out << report.json();
-    json_out.close();
-    if (!json_out) fail(Errc::io, "--json {}: could not write the results", f.json_file);
-  }
+  write_json(json_out, f.json_file, report.json());
   if (!report.all_ok()) return kExitError;
   return report.refusals.empty() ? 0 : kExitRefused;
 }

@@ -38,6 +38,26 @@ TensorView input_matrix(const SafetensorsFile& file, const char* name, int64_t r
   return t;
 }
 
+// A GPU layer reads and writes its device's memory: the inputs go up, the results come back.
+void forward_on_device(MoeLayer& layer, const TensorView& hidden, const TensorView& logits,
+                       Tensor& output, Tensor& ids, Tensor& weights) {
+  const Device device = layer.plan().options.device;
+  const auto on_device = [&device](const TensorView& host) {
+    Tensor t = Tensor::empty(host.dtype, host.shape, device);
+    copy(t.view(), host);
+    return t;
+  };
+  const Tensor hidden_d = on_device(hidden), logits_d = on_device(logits);
+  Tensor output_d = Tensor::empty(output.view().dtype, output.view().shape, device);
+  Tensor ids_d = Tensor::empty(DType::i32, ids.view().shape, device);
+  Tensor weights_d = Tensor::empty(DType::f32, weights.view().shape, device);
+  const RoutingResult routing{ids_d.view(), weights_d.view()};
+  layer.forward(hidden_d, logits_d, output_d.view(), &routing);
+  copy(output.view(), output_d.view());
+  copy(ids.view(), ids_d.view());
+  copy(weights.view(), weights_d.view());
+}
+
 int run(const RunFlags& flags) {
   const Checkpoint checkpoint = Checkpoint::open(flags.model);
   const ModelSpec spec = checkpoint.spec(flags.layer);
@@ -66,8 +86,12 @@ int run(const RunFlags& flags) {
   Tensor output = Tensor::empty(hidden.dtype, {T, spec.hidden});
   Tensor ids = Tensor::empty(DType::i32, {T, k});
   Tensor weights = Tensor::empty(DType::f32, {T, k});
-  const RoutingResult routing{ids.view(), weights.view()};
-  layer.forward(hidden, logits, output.view(), &routing);
+  if (plan.options.device.kind == DeviceKind::cpu) {
+    const RoutingResult routing{ids.view(), weights.view()};
+    layer.forward(hidden, logits, output.view(), &routing);
+  } else {
+    forward_on_device(layer, hidden, logits, output, ids, weights);
+  }
 
   std::map<std::string, std::string> metadata{
       {"model", flags.model},

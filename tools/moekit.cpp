@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/gpu_bench.hpp"
 #include "commands.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
@@ -61,6 +62,43 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// One forward into `output`, poisoned first (the result the demo checks), then `repeats` timed.
+std::vector<double> forward_on_cpu(MoeLayer& layer, const Tensor& hidden, const Tensor& logits,
+                                   Tensor& output, int repeats) {
+  output.fill_bytes(0xD5);
+  layer.forward(hidden, logits, output);  // warm-up, and the result we check
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    layer.forward(hidden, logits, output);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return seconds;
+}
+
+// The same on the plan's GPU: the inputs uploaded once, the checked output copied back, the
+// repeats enqueued on a stream and timed with CUDA events.
+std::vector<double> forward_on_gpu(MoeLayer& layer, const Tensor& hidden, const Tensor& logits,
+                                   Tensor& output, int repeats) {
+  const Device device = layer.plan().options.device;
+  const auto upload = [&device](const Tensor& host) {
+    Tensor on_device = Tensor::empty(host.view().dtype, host.view().shape, device);
+    copy(on_device, host);
+    return on_device;
+  };
+  output.fill_bytes(0xD5);
+  const Tensor hidden_d = upload(hidden), logits_d = upload(logits);
+  Tensor output_d = upload(output);  // poisoned: an output the layer does not write fails
+  layer.forward(hidden_d, logits_d, output_d);
+  copy(output, output_d);
+  std::vector<double> seconds = bench::time_on_gpu(
+      device.index, 1, repeats,
+      [&](CUstream_st* stream) { layer.forward(hidden_d, logits_d, output_d, nullptr, stream); });
+  layer.synchronize();
+  return seconds;
+}
+
 int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   const ModelSpec spec = flags.spec(ModelSpec::demo());
   Options options = flags.options();
@@ -82,6 +120,7 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   Options reference_options = options;
   reference_options.runner = RunnerKind::reference;
   reference_options.form = BlockForm::standard;
+  reference_options.device = Device::cpu();  // the reference runs on the host's copy
   MoeLayer reference(resolve(spec, reference_options, platform), given);
   reference.forward(hidden, logits, expected);
   if (plan.quant.quantized()) {
@@ -96,16 +135,10 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   }
 
   MoeLayer layer(plan, given);
-  output.fill_bytes(0xD5);
-  layer.forward(hidden, logits, output);  // warm-up, and the result we check
+  const std::vector<double> seconds = plan.options.device.kind == DeviceKind::cpu
+                                          ? forward_on_cpu(layer, hidden, logits, output, repeats)
+                                          : forward_on_gpu(layer, hidden, logits, output, repeats);
   const double error = relative_l2(output, expected);
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    layer.forward(hidden, logits, output);
-    seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
   const double time = median(seconds);
   const double flops = 6.0 * static_cast<double>(tokens) *
                        static_cast<double>(spec.routing.top_k * spec.intermediate +
@@ -116,8 +149,10 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   std::printf(
       "result: %lld tokens, relative L2 error vs reference %.2e (%s, bf16 tolerance 2e-2)\n",
       static_cast<long long>(tokens), error, ok ? "ok" : "FAILED");
-  std::printf("speed:  %.2f ms per forward (median of %d), %.0f tokens/s, %.1f GFLOP/s\n",
-              time * 1e3, repeats, static_cast<double>(tokens) / time, flops / time * 1e-9);
+  std::printf("speed:  %.3f ms per forward (median of %d, %s), %.0f tokens/s, %.1f GFLOP/s\n",
+              time * 1e3, repeats,
+              plan.options.device.kind == DeviceKind::cpu ? "wall clock" : "CUDA events",
+              static_cast<double>(tokens) / time, flops / time * 1e-9);
   return ok ? 0 : kExitError;
 }
 
@@ -180,8 +215,8 @@ int main(int argc, char** argv) {
   int repeats = 5;
 
   CLI::App* demo = app.add_subcommand("demo",
-                                      "run a DeepSeek-V3-shaped layer on the CPU, check it "
-                                      "against the reference and time it");
+                                      "run a DeepSeek-V3-shaped layer (--device cpu or cuda[:N]), "
+                                      "check it against the reference and time it");
   flags.add_spec(*demo);
   flags.add_deployment(*demo);
   demo->add_option("--tokens", tokens, "tokens in the batch")

@@ -14,17 +14,20 @@ constexpr NameTable<Routing, 2> kRoutings = {{Routing::uniform, "uniform"},
 std::vector<BenchCase> all_cases() {
   using enum WeightFormat;
   const auto cuda = DeviceKind::cuda;
-  return {
+  std::vector<BenchCase> cases = {
       BenchCase::Routed("dsv3-decode", 256, 8, 7168, 2048, {fp8_block, bf16}, {1, 8, 64}, cuda),
       BenchCase::Routed("dsv3-prefill", 256, 8, 7168, 2048, {fp8_block, bf16}, {512, 4096, 16384},
                         cuda),
-      BenchCase::Routed("qwen3-30b-a3b", 128, 8, 2048, 768, {bf16, fp8_block}, {1, 32, 512, 4096},
-                        cuda),
+      BenchCase::Routed("qwen3-30b-a3b", 128, 8, 2048, 768, {bf16, fp8_block},
+                        {1, 8, 64, 512, 4096}, cuda),
       BenchCase::Routed("mixtral-8x7b", 8, 2, 4096, 14336, {bf16}, {1, 64, 1024}, cuda),
       BenchCase::Routed("cpu-qwen3-30b-a3b", 128, 8, 2048, 768,
                         {bf16, int4_group, QuantParams::Int4GroupA8()}, {1, 16, 512},
                         DeviceKind::cpu),
   };
+  cases[0].skewed_tokens = {64};
+  cases[2].skewed_tokens = {512};
+  return cases;
 }
 
 std::string_view device_kind_name(DeviceKind kind) {
@@ -42,7 +45,7 @@ BenchCase BenchCase::Routed(std::string name, int experts, int top_k, int64_t hi
   spec.hidden = hidden;
   spec.intermediate = intermediate;
   spec.routing = {.scoring = Scoring::softmax, .top_k = top_k, .renormalize = true};
-  return {std::move(name), std::move(spec), std::move(formats), std::move(tokens), device};
+  return {std::move(name), std::move(spec), std::move(formats), std::move(tokens), device, {}};
 }
 
 std::vector<BenchCase> headline_cases(DeviceKind device) {

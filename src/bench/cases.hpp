@@ -21,6 +21,8 @@ struct BenchCase {
   std::vector<QuantParams> formats;
   std::vector<int64_t> tokens;
   DeviceKind device = DeviceKind::cpu;
+  // Token counts timed again with skewed routing (GPU cases): hot experts, uneven groups.
+  std::vector<int64_t> skewed_tokens;
 
   // A layer of E routed experts of hidden H and intermediate I, top-k by softmax.
   static BenchCase Routed(std::string name, int experts, int top_k, int64_t hidden,

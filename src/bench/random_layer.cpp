@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/thread_pool.hpp"
 #include "moekit/error.hpp"
@@ -28,28 +29,62 @@ uint16_t bf16_bits(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-}  // namespace
-
-Tensor fast_random_bf16(Shape shape, float stddev, uint64_t seed, int threads) {
-  Tensor tensor = Tensor::empty(DType::bf16, shape);
-  auto* out = tensor.data<uint16_t>();
-  const int64_t n = shape.numel();
-  // Four 16-bit uniforms sum to mean 4 * 32767.5 and variance 4 * (65536^2 - 1) / 12.
-  constexpr double kMean = 4 * 32767.5;
-  const double sigma = std::sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0);
-  const auto scale = static_cast<float>(stddev / sigma);
+// Fills n elements, block by block on every thread, each from its own counter-based stream, so
+// that the values depend on the seed only. `value` maps one 64-bit draw to an element.
+template <typename T, typename Map>
+void fill_blocks(T* out, int64_t n, uint64_t seed, int threads, const Map& value) {
   ThreadPool pool(threads);
   pool.parallel_for((n + kBlock - 1) / kBlock, [&](int64_t first, int64_t last) {
     for (int64_t block = first; block < last; ++block) {
       uint64_t state = seed ^ (static_cast<uint64_t>(block) * 0xD1B54A32D192ED03ull);
       const int64_t end = std::min(n, (block + 1) * kBlock);
-      for (int64_t i = block * kBlock; i < end; ++i) {
-        const uint64_t r = splitmix64(state);
-        const auto sum = static_cast<double>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) +
-                                             ((r >> 32) & 0xFFFF) + (r >> 48));
-        out[i] = bf16_bits(static_cast<float>(sum - kMean) * scale);
-      }
+      for (int64_t i = block * kBlock; i < end; ++i) out[i] = value(splitmix64(state));
     }
+  });
+}
+
+// Four 16-bit uniforms of one draw, centred: mean 0, standard deviation kSumSigma.
+constexpr double kSumMean = 4 * 32767.5;
+const double kSumSigma = std::sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0);
+double centred_sum(uint64_t r) {
+  return static_cast<double>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) +
+                             (r >> 48)) -
+         kSumMean;
+}
+
+}  // namespace
+
+Tensor fast_random_bf16(Shape shape, float stddev, uint64_t seed, int threads) {
+  Tensor tensor = Tensor::empty(DType::bf16, shape);
+  const auto scale = static_cast<float>(stddev / kSumSigma);
+  fill_blocks(tensor.data<uint16_t>(), shape.numel(), seed, threads, [scale](uint64_t r) {
+    return bf16_bits(static_cast<float>(centred_sum(r)) * scale);
+  });
+  return tensor;
+}
+
+Tensor fast_random_f32(Shape shape, float stddev, uint64_t seed, int threads) {
+  Tensor tensor = Tensor::empty(DType::f32, shape);
+  const double scale = stddev / kSumSigma;
+  fill_blocks(tensor.data<float>(), shape.numel(), seed, threads,
+              [scale](uint64_t r) { return static_cast<float>(centred_sum(r) * scale); });
+  return tensor;
+}
+
+Tensor fast_random_e4m3(Shape shape, float stddev, uint64_t seed, int threads) {
+  // A sum of four 8-bit uniforms takes 1021 values: each one's e4m3 code, looked up, is far
+  // cheaper than a conversion per element.
+  constexpr int kSums = 4 * 255 + 1;
+  const double sigma = std::sqrt(4.0 * (256.0 * 256.0 - 1.0) / 12.0);
+  std::vector<uint8_t> codes(kSums);
+  for (int s = 0; s < kSums; ++s) {
+    codes[static_cast<size_t>(s)] =
+        to_e4m3(static_cast<float>((s - 4 * 127.5) * stddev / sigma)).bits;
+  }
+  Tensor tensor = Tensor::empty(DType::f8e4m3, shape);
+  fill_blocks(tensor.data<uint8_t>(), shape.numel(), seed, threads, [&codes](uint64_t r) {
+    const uint64_t sum = (r & 0xFF) + ((r >> 8) & 0xFF) + ((r >> 16) & 0xFF) + ((r >> 24) & 0xFF);
+    return codes[sum];
   });
   return tensor;
 }

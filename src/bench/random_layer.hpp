@@ -15,6 +15,12 @@ namespace moekit::bench {
 // on `seed` only, not on `threads`.
 Tensor fast_random_bf16(Shape shape, float stddev, uint64_t seed, int threads);
 
+// The same distribution in f32 (router logits: far fewer ties than bf16 values would give).
+Tensor fast_random_f32(Shape shape, float stddev, uint64_t seed, int threads);
+// e4m3 codes of values of standard deviation `stddev` (a sum of four 8-bit uniforms, rounded to
+// e4m3): weights already in an fp8 format's stored form. Keep 3.5 * stddev below 448.
+Tensor fast_random_e4m3(Shape shape, float stddev, uint64_t seed, int threads);
+
 // The routed experts of `spec` in bf16, scaled as RandomWeights::make scales them (1/sqrt of
 // the fan-in, so activations stay of order one). Specs with shared experts or a correction bias
 // are refused: the benchmark cases have neither.
