@@ -24,11 +24,6 @@ struct ActivationRows {
   static ActivationRows Float(void* data, DType dtype, int64_t rows, int64_t cols) {
     return {data, dtype, rows, cols, nullptr, 0};
   }
-  static ActivationRows E4m3(void* codes, const float* scales, int64_t group, int64_t rows,
-                             int64_t cols) {
-    return {codes, DType::f8e4m3, rows, cols, scales, group};
-  }
-  int64_t row_bytes() const { return dtype_storage_bytes(dtype, cols); }
   // The rows as f32 values, for a stage that reads only those (an internal error otherwise).
   float* f32() const;
 };
