@@ -107,6 +107,14 @@ DeviceRun device_inputs(const Inputs& in, int64_t T, int64_t H, int k) {
   return d;
 }
 
+// The cuda runner on GPU 0, as the layer tests plan it.
+Options on_gpu() {
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  return options;
+}
+
 class CudaLayer : public ::testing::TestWithParam<CudaLayerCase> {};
 
 TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
@@ -115,9 +123,7 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
   const ModelSpec& spec = c.spec;
   const int64_t T = c.tokens, H = spec.hidden;
   const int k = spec.routing.top_k;
-  Options options;
-  options.runner = RunnerKind::cuda;
-  options.device = Device::cuda(0);
+  Options options = on_gpu();
   options.weights = c.weights;
   options.form = c.form;
   options.max_tokens = std::max<int64_t>(T, 8);
@@ -167,12 +173,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaLayer, ::testing::ValuesIn(cases()), case_na
 
 TEST(CudaLayer, AnEmptyBatchWritesNothing) {
   MOEKIT_REQUIRE_GPU();
-  Options options;
-  options.runner = RunnerKind::cuda;
-  options.device = Device::cuda(0);
   const ModelSpec spec = small_dsv3();
   const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
-  MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+  MoeLayer layer(resolve(spec, on_gpu(), Platform::probe()), given.view());
   const Tensor hidden = Tensor::empty(DType::bf16, {0, spec.hidden}, Device::cuda(0));
   const Tensor logits = Tensor::empty(DType::f32, {0, spec.n_experts}, Device::cuda(0));
   const Tensor output = Tensor::empty(DType::bf16, {0, spec.hidden}, Device::cuda(0));
@@ -181,12 +184,9 @@ TEST(CudaLayer, AnEmptyBatchWritesNothing) {
 
 TEST(CudaLayer, ANonFiniteInputIsReportedAtSynchronizeNamingItsRow) {
   MOEKIT_REQUIRE_GPU();
-  Options options;
-  options.runner = RunnerKind::cuda;
-  options.device = Device::cuda(0);
   const ModelSpec spec = small_dsv3();
   const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
-  MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+  MoeLayer layer(resolve(spec, on_gpu(), Platform::probe()), given.view());
   Inputs in = random_inputs(spec, 4, DType::f32, 5);
   in.logits.data<float>()[2 * spec.n_experts + 7] = NAN;
   DeviceRun d = device_inputs(in, 4, spec.hidden, spec.routing.top_k);
@@ -208,9 +208,7 @@ TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
   MOEKIT_REQUIRE_GPU();
   for (BlockForm form : {BlockForm::standard, BlockForm::overlapped}) {
     SCOPED_TRACE(block_form_name(form));
-    Options options;
-    options.runner = RunnerKind::cuda;
-    options.device = Device::cuda(0);
+    Options options = on_gpu();
     options.form = form;
     options.weights = QuantParams::Fp8Block(128);
     options.max_tokens = 16;
