@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "block/router_weights.hpp"
 #include "block/stages.hpp"
 #include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
@@ -14,10 +15,6 @@
 
 namespace moekit {
 namespace {
-
-bool is_activation_dtype(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
-}
 
 class CpuRouterStage final : public RouterStage {
  public:
@@ -35,8 +32,14 @@ class CpuRouterStage final : public RouterStage {
 
   void load(const TensorView& correction_bias, const TensorView& shared_gate) override {
     const ModelSpec& spec = plan_.spec;
-    if (spec.routing.correction_bias) load_correction_bias(correction_bias);
-    if (spec.shared_gate) load_shared_gate(shared_gate);
+    if (spec.routing.correction_bias) {
+      correction_bias_ = router_weight_values(correction_bias, "weights.correction_bias",
+                                              Shape{spec.n_experts}, /*f32_only=*/true);
+    }
+    if (spec.shared_gate) {
+      shared_gate_ = router_weight_values(shared_gate, "weights.shared_gate", Shape{1, spec.hidden},
+                                          /*f32_only=*/false);
+    }
     router_.emplace(spec.routing, spec.n_experts,
                     correction_bias_.empty() ? nullptr : correction_bias_.data(), threads_);
   }
@@ -69,41 +72,6 @@ class CpuRouterStage final : public RouterStage {
     return {carver.take<int32_t>(T * top_k_),   carver.take<float>(T * top_k_),
             carver.take<int32_t>(T * columns_), carver.take<float>(T * columns_),
             carver.take<float>(gate ? T : 0),   carver.take<float>(gate ? threads_ * H : 0)};
-  }
-
-  void load_correction_bias(const TensorView& bias) {
-    const int64_t E = plan_.spec.n_experts;
-    if (bias.data == nullptr || !(bias.shape == Shape{E}) || bias.dtype != DType::f32 ||
-        bias.device.kind != DeviceKind::cpu || !bias.is_contiguous()) {
-      fail(Errc::invalid_argument,
-           "weights.correction_bias: expected contiguous f32[{}] on the CPU, got {}", E,
-           bias.data == nullptr ? std::string("nothing") : bias.describe());
-    }
-    const auto* values = bias.as<const float>();
-    for (int64_t e = 0; e < E; ++e) {
-      if (!std::isfinite(values[e])) {
-        fail(Errc::invalid_argument, "weights.correction_bias: element [{}] is {}", e, values[e]);
-      }
-    }
-    correction_bias_.assign(values, values + E);
-  }
-
-  void load_shared_gate(const TensorView& gate) {
-    const int64_t H = plan_.spec.hidden;
-    if (gate.data == nullptr || !(gate.shape == Shape{1, H}) || !is_activation_dtype(gate.dtype) ||
-        gate.device.kind != DeviceKind::cpu || !gate.is_contiguous()) {
-      fail(Errc::invalid_argument,
-           "weights.shared_gate: expected contiguous f32/bf16/f16 [1, {}] on the CPU, got {}", H,
-           gate.data == nullptr ? std::string("nothing") : gate.describe());
-    }
-    shared_gate_.resize(static_cast<size_t>(H));
-    convert_to_f32(gate.data, gate.dtype, H, shared_gate_.data());
-    for (int64_t h = 0; h < H; ++h) {
-      if (!std::isfinite(shared_gate_[h])) {
-        fail(Errc::invalid_argument, "weights.shared_gate: element [0, {}] is {}", h,
-             shared_gate_[h]);
-      }
-    }
   }
 
   // Qwen2-MoE scales the shared experts' output per token by sigmoid(hidden . gate). The

@@ -4,13 +4,12 @@
 // router's weights (correction bias, shared gate, rank tables) are copied to the device once, at
 // load.
 
-#include <cmath>
-
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include "block/cuda/block_kernels.hpp"
 #include "block/cuda/output_kernels.hpp"
+#include "block/router_weights.hpp"
 #include "block/stages.hpp"
 #include "core/scratch.hpp"
 #include "moekit/error.hpp"
@@ -100,14 +99,14 @@ class CudaRouterStage final : public RouterStage {
     const ModelSpec& spec = plan_.spec;
     const Device device = plan_.options.device;
     if (spec.routing.correction_bias) {
-      bias_ = to_device(
-          host_values(correction_bias, "weights.correction_bias", Shape{spec.n_experts}, "[E]"),
-          DType::f32, device);
+      bias_ = to_device(router_weight_values(correction_bias, "weights.correction_bias",
+                                             Shape{spec.n_experts}, /*f32_only=*/true),
+                        DType::f32, device);
     }
     if (spec.shared_gate) {
-      gate_ = to_device(
-          host_values(shared_gate, "weights.shared_gate", Shape{1, spec.hidden}, "[1, H]"),
-          DType::f32, device);
+      gate_ = to_device(router_weight_values(shared_gate, "weights.shared_gate",
+                                             Shape{1, spec.hidden}, /*f32_only=*/false),
+                        DType::f32, device);
     }
   }
 
@@ -167,26 +166,6 @@ class CudaRouterStage final : public RouterStage {
     return {carver.take<int32_t>(T * top_k_), carver.take<float>(T * top_k_),
             carver.take<int32_t>(T * columns_), carver.take<float>(T * columns_),
             carver.take<float>(plan_.spec.shared_gate ? T : 0)};
-  }
-
-  // The values of a router weight the caller hands over on the CPU, checked: finite, the shape
-  // and a float dtype.
-  static std::vector<float> host_values(const TensorView& t, const char* name, Shape shape,
-                                        const char* shape_text) {
-    const bool dtype_ok = t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16;
-    if (t.data == nullptr || !(t.shape == shape) || !dtype_ok || t.device.kind != DeviceKind::cpu ||
-        !t.is_contiguous()) {
-      fail(Errc::invalid_argument, "{}: expected contiguous floats {} on the CPU, got {}", name,
-           shape_text, t.data == nullptr ? std::string("nothing") : t.describe());
-    }
-    std::vector<float> values(static_cast<size_t>(t.numel()));
-    convert_to_f32(t.data, t.dtype, t.numel(), values.data());
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!std::isfinite(values[i])) {
-        fail(Errc::invalid_argument, "{}: element [{}] is {}", name, i, values[i]);
-      }
-    }
-    return values;
   }
 
   const Plan& plan_;
