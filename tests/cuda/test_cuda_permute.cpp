@@ -155,13 +155,22 @@ TEST(CudaSortGlobal, MapsGlobalIdsThroughTheTableFirst) {
   expect_layout(d, host_sort(local, n_slots, 8, 0), 0);
 }
 
-class CudaGather : public ::testing::TestWithParam<std::tuple<DType, DType, int64_t, bool>> {};
+// A row's width and its e4m3 groups: 300 columns move one element at a time (not a multiple of
+// 8), 304 as 16-byte vectors; groups of 128 (fp8-block: two whole groups and a partial one) or
+// the whole row (fp8-tensor's per-token scale).
+struct GatherShape {
+  int64_t hidden;
+  int group;
+};
+
+class CudaGather
+    : public ::testing::TestWithParam<std::tuple<DType, DType, int64_t, bool, GatherShape>> {};
 
 TEST_P(CudaGather, WritesEachRowAsTheCpuConvertsOrQuantisesIt) {
   MOEKIT_REQUIRE_GPU();
-  const auto [in_dtype, out_dtype, T, masked] = GetParam();
-  const int64_t H = 300;  // 2 full groups of 128 and a partial one
-  const int columns = 5, n_slots = 7, tile = 16, group = 128;
+  const auto [in_dtype, out_dtype, T, masked, shape] = GetParam();
+  const int64_t H = shape.hidden;
+  const int columns = 5, n_slots = 7, tile = 16, group = shape.group;
   const int capacity = masked ? static_cast<int>(std::max<int64_t>(T, 1)) : 0;
   const std::vector<int32_t> ids = random_slots(T, columns, n_slots, 21);
   std::vector<float> x = normal(T * H, 8, 3.0f);
@@ -195,7 +204,7 @@ TEST_P(CudaGather, WritesEachRowAsTheCpuConvertsOrQuantisesIt) {
   const HostLayout want = host_sort(ids, n_slots, tile, capacity);
   const std::vector<uint8_t> got = download<uint8_t>(rows);
   const std::vector<float> got_scales = download<float>(scales);
-  const QuantParams fp8 = QuantParams::Fp8Block(group);
+  const QuantParams fp8 = group == H ? QuantParams::Fp8Tensor() : QuantParams::Fp8Block(group);
   std::vector<float> got_row(static_cast<size_t>(H)), want_row(static_cast<size_t>(H));
   for (int s = 0; s < n_slots; ++s) {
     const int used = masked ? want.counts[s] : want.offsets[s + 1] - want.offsets[s];
@@ -226,12 +235,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
                        ::testing::Values(DType::bf16, DType::f16, DType::f8e4m3),
                        ::testing::Values(int64_t{0}, int64_t{1}, int64_t{3}, int64_t{257}),
-                       ::testing::Bool()),
+                       ::testing::Bool(),
+                       ::testing::Values(GatherShape{300, 128}, GatherShape{304, 128},
+                                         GatherShape{304, 304})),
     [](const auto& test) {
+      const GatherShape shape = std::get<4>(test.param);
       return std::string(dtype_name(std::get<0>(test.param))) + "_to_" +
              std::string(dtype_name(std::get<1>(test.param))) + "_T" +
              std::to_string(std::get<2>(test.param)) +
-             (std::get<3>(test.param) ? "_masked" : "_contiguous");
+             (std::get<3>(test.param) ? "_masked" : "_contiguous") + "_H" +
+             std::to_string(shape.hidden) + "_group" + std::to_string(shape.group);
     });
 
 class CudaCombine : public ::testing::TestWithParam<std::tuple<DType, DType, int64_t, bool>> {};

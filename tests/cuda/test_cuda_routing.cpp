@@ -41,6 +41,11 @@ const RouteCase kCases[] = {
      make(Scoring::sigmoid, 4, true, 1, 1, GroupScore::max, true, 1)},
     {"sqrt_softplus_bias_e72", 72,
      make(Scoring::sqrt_softplus, 6, true, 6, 2, GroupScore::top2_sum, false, 1.5f)},
+    // 16 experts per lane in each lane's sorted list.
+    {"softmax_top10_e512", 512, make(Scoring::softmax, 10, false, 1, 1, GroupScore::max, true, 1)},
+    // So much shared memory per token that a block routes one token.
+    {"sigmoid_bias_top8_e2000", 2000,
+     make(Scoring::sigmoid, 8, true, 1, 1, GroupScore::max, true, 1)},
 };
 
 // The routed weight of each id, in float64 from the same logits.

@@ -22,16 +22,27 @@ __device__ bool non_finite(const void* data, DType dtype, int64_t i) {
   }
 }
 
-__global__ void check_finite_kernel(const void* data, DType dtype, int64_t rows, int64_t columns,
-                                    unsigned long long* first) {
-  const int64_t n = rows * columns;
+struct CheckedTensor {
+  const void* data;
+  DType dtype;
+  int64_t columns;
+  int64_t elements;
+  unsigned long long* first;
+};
+
+// Tensor 0's elements, then tensor 1's, in one grid-stride loop.
+__global__ void check_finite_kernel(CheckedTensor a, CheckedTensor b) {
+  const int64_t n = a.elements + b.elements;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    if (non_finite(data, dtype, i)) {
-      const auto row = static_cast<unsigned long long>(i / columns);
-      const auto column = static_cast<unsigned long long>(i % columns);
-      atomicMin(first, (row << 32) | column);
+    const bool in_a = i < a.elements;
+    const CheckedTensor& t = in_a ? a : b;
+    const int64_t at = in_a ? i : i - a.elements;
+    if (non_finite(t.data, t.dtype, at)) {
+      const auto row = static_cast<unsigned long long>(at / t.columns);
+      const auto column = static_cast<unsigned long long>(at % t.columns);
+      atomicMin(t.first, (row << 32) | column);
     }
   }
 }
@@ -63,6 +74,28 @@ void check_dtype(DType dtype, const char* kernel, const char* input) {
   }
 }
 
+CheckedTensor checked(const FiniteCheckArgs& args) {
+  check_dtype(args.dtype, "check_finite", "the tensor's");
+  if (args.rows < 0 || args.columns < 0 || args.columns >= (int64_t{1} << 32) ||
+      args.rows >= (int64_t{1} << 32)) {
+    cuda_errors::invalid_argument("check_finite: shape [" + std::to_string(args.rows) + ", " +
+                                  std::to_string(args.columns) + "] is out of range");
+  }
+  const int64_t n = args.rows * args.columns;
+  if (n > 0 && (args.data == nullptr || args.status == nullptr)) {
+    cuda_errors::invalid_argument("check_finite: data and status must not be null");
+  }
+  return {args.data, args.dtype, args.columns, n, n > 0 ? &args.status->first : nullptr};
+}
+
+void launch_check(const CheckedTensor& a, const CheckedTensor& b, cudaStream_t stream) {
+  const int64_t n = a.elements + b.elements;
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>(cuda_common::blocks_for(n, kThreads), kMaxBlocks);
+  check_finite_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b);
+  cuda_common::check_launch("check_finite");
+}
+
 }  // namespace
 
 void reset_finite_status(FiniteStatus* status, int count, cudaStream_t stream) {
@@ -77,21 +110,12 @@ void reset_finite_status(FiniteStatus* status, int count, cudaStream_t stream) {
 }
 
 void check_finite(const FiniteCheckArgs& args, cudaStream_t stream) {
-  check_dtype(args.dtype, "check_finite", "the tensor's");
-  if (args.rows < 0 || args.columns < 0 || args.columns >= (int64_t{1} << 32) ||
-      args.rows >= (int64_t{1} << 32)) {
-    cuda_errors::invalid_argument("check_finite: shape [" + std::to_string(args.rows) + ", " +
-                                  std::to_string(args.columns) + "] is out of range");
-  }
-  const int64_t n = args.rows * args.columns;
-  if (n == 0) return;
-  if (args.data == nullptr || args.status == nullptr) {
-    cuda_errors::invalid_argument("check_finite: data and status must not be null");
-  }
-  const int64_t blocks = std::min<int64_t>(cuda_common::blocks_for(n, kThreads), kMaxBlocks);
-  check_finite_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      args.data, args.dtype, args.rows, args.columns, &args.status->first);
-  cuda_common::check_launch("check_finite");
+  launch_check(checked(args), CheckedTensor{nullptr, DType::f32, 1, 0, nullptr}, stream);
+}
+
+void check_finite(const FiniteCheckArgs& first, const FiniteCheckArgs& second,
+                  cudaStream_t stream) {
+  launch_check(checked(first), checked(second), stream);
 }
 
 void shared_gate(const SharedGateArgs& args, cudaStream_t stream) {

@@ -55,6 +55,10 @@ struct FiniteCheckArgs {
 // if it comes first). Reads the bit patterns: no conversion, no floating-point compare.
 void check_finite(const FiniteCheckArgs& args, cudaStream_t stream);
 
+// The same for two tensors (a forward's hidden states and logits), in one launch: at small
+// batches the launch, not the reading, is the cost.
+void check_finite(const FiniteCheckArgs& first, const FiniteCheckArgs& second, cudaStream_t stream);
+
 struct SharedGateArgs {
   const void* hidden = nullptr;  // [tokens, hidden_size]
   DType hidden_dtype = DType::f32;

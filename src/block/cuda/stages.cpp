@@ -40,8 +40,7 @@ class CudaFiniteChecks final : public FiniteChecks {
 
   void run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
            void*) const override {
-    check(hidden, 0, ctx.stream);
-    check(logits, 1, ctx.stream);
+    block::cuda::check_finite(args(hidden, 0), args(logits, 1), ctx.stream);
   }
 
   void report() override {
@@ -62,13 +61,12 @@ class CudaFiniteChecks final : public FiniteChecks {
   block::cuda::FiniteStatus* statuses() const {
     return static_cast<block::cuda::FiniteStatus*>(status_.view().data);
   }
-  void check(const TensorView& t, int which, cudaStream_t stream) const {
-    block::cuda::check_finite({.data = t.data,
-                               .dtype = t.dtype,
-                               .rows = t.dim(0),
-                               .columns = t.dim(1),
-                               .status = statuses() + which},
-                              stream);
+  block::cuda::FiniteCheckArgs args(const TensorView& t, int which) const {
+    return {.data = t.data,
+            .dtype = t.dtype,
+            .rows = t.dim(0),
+            .columns = t.dim(1),
+            .status = statuses() + which};
   }
   void reset() {
     block::cuda::reset_finite_status(statuses(), 2, nullptr);

@@ -199,11 +199,49 @@ struct GatherParams {
   float* scales;
   int quant_group;
   int64_t groups_per_row;
+  bool vec;  // hidden_size % 8 == 0 and both row arrays 16-byte aligned: whole pieces move as
+             // vectors
 };
 
 constexpr int kGatherThreads = 256;
+constexpr int kPiece = 8;  // consecutive columns one thread moves at a time
 
+// Columns [c, c + 8) of a row from `index`, as floats; past the row's end zeros.
+__device__ void load_piece(const GatherParams& p, int64_t index, int64_t c, float (&v)[kPiece]) {
+  if (p.vec) {
+    if (p.hidden_dtype == DType::f32) {
+      const auto* at = reinterpret_cast<const float4*>(static_cast<const float*>(p.hidden) + index);
+      const float4 a = __ldg(at), b = __ldg(at + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+      v[7] = b.w;
+      return;
+    }
+    const uint4 raw =
+        __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.hidden) + index));
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < kPiece; ++i) {
+      const auto bits = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+      v[i] = p.hidden_dtype == DType::bf16 ? __bfloat162float(__ushort_as_bfloat16(bits))
+                                           : __half2float(__ushort_as_half(bits));
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kPiece; ++i) {
+    v[i] =
+        c + i < p.hidden_size ? cuda_common::load_float(p.hidden, p.hidden_dtype, index + i) : 0.0f;
+  }
+}
+
+// Each thread moves pieces of 8 columns, every load of the row issued before any store (the
+// rows' arrays may not alias, but the compiler cannot know: a load after a store would wait
+// for it). For e4m3, a first pass takes each group's amax into shared memory (a max of
+// non-negative floats is a max of their bits, exact in any order; NaN is ignored as
+// quantize_activation_row's std::max ignores it), and a second pass, from the L1, divides by
+// the scale (IEEE), rounds to nearest even and saturates to +-448.
 __global__ void gather_kernel(GatherParams p) {
+  extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
   const int64_t r = blockIdx.x;
   if (p.capacity > 0) {
     if (r % p.capacity >= p.counts[r / p.capacity]) return;
@@ -213,30 +251,90 @@ __global__ void gather_kernel(GatherParams p) {
   const int32_t entry = p.row_source[r];
   const int64_t H = p.hidden_size;
   const int64_t source = entry >= 0 ? static_cast<int64_t>(entry / p.columns) * H : -1;
-  const auto value = [&](int64_t h) {
-    return source >= 0 ? cuda_common::load_float(p.hidden, p.hidden_dtype, source + h) : 0.0f;
+  const int64_t pieces = (H + kPiece - 1) / kPiece;
+  const auto values = [&](int64_t c, float(&v)[kPiece]) {
+    if (source >= 0) {
+      load_piece(p, source + c, c, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPiece; ++i) v[i] = 0.0f;
+    }
   };
   if (p.rows_dtype != DType::f8e4m3) {
-    for (int64_t h = threadIdx.x; h < H; h += kGatherThreads) {
-      cuda_common::store_float(p.rows, p.rows_dtype, r * H + h, value(h));
+    for (int64_t piece = threadIdx.x; piece < pieces; piece += kGatherThreads) {
+      const int64_t c = piece * kPiece;
+      float v[kPiece];
+      values(c, v);
+      if (p.vec) {
+        uint32_t words[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint16_t lo = p.rows_dtype == DType::bf16
+                                  ? __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i]))
+                                  : __half_as_ushort(__float2half_rn(v[2 * i]));
+          const uint16_t hi = p.rows_dtype == DType::bf16
+                                  ? __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1]))
+                                  : __half_as_ushort(__float2half_rn(v[2 * i + 1]));
+          words[i] = lo | (static_cast<uint32_t>(hi) << 16);
+        }
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.rows) + r * H + c) =
+            make_uint4(words[0], words[1], words[2], words[3]);
+      } else {
+        for (int i = 0; i < kPiece && c + i < H; ++i) {
+          cuda_common::store_float(p.rows, p.rows_dtype, r * H + c + i, v[i]);
+        }
+      }
     }
     return;
   }
-  // One warp per group of columns, the numerics of quantize_activation_row: amax ignores NaN
-  // (as std::max does there), the division is IEEE, and the conversion rounds to nearest even
-  // and saturates to +-448.
-  auto* out = static_cast<__nv_fp8_storage_t*>(p.rows) + r * H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t g = warp; g < p.groups_per_row; g += kGatherThreads / 32) {
-    const int64_t k0 = g * p.quant_group, k1 = min(H, k0 + p.quant_group);
+  for (int64_t g = threadIdx.x; g < p.groups_per_row; g += kGatherThreads) group_amax[g] = 0u;
+  __syncthreads();
+  for (int64_t piece = threadIdx.x; piece < pieces; piece += kGatherThreads) {
+    const int64_t c = piece * kPiece;
+    float v[kPiece];
+    values(c, v);
+    // A piece spans at most two groups (groups are at least 8 columns or the whole row).
+    int64_t group = c / p.quant_group;
     float amax = 0.0f;
-    for (int64_t k = k0 + lane; k < k1; k += 32) amax = fmaxf(amax, fabsf(value(k)));
-    amax = cuda_common::warp_max(amax);
-    const float scale = fmaxf(amax, 1e-10f) / 448.0f;
-    for (int64_t k = k0 + lane; k < k1; k += 32) {
-      out[k] = __nv_cvt_float_to_fp8(value(k) / scale, __NV_SATFINITE, __NV_E4M3);
+#pragma unroll
+    for (int i = 0; i < kPiece; ++i) {
+      if (c + i >= H) break;
+      if ((c + i) / p.quant_group != group) {
+        atomicMax(&group_amax[group], __float_as_uint(amax));
+        group = (c + i) / p.quant_group;
+        amax = 0.0f;
+      }
+      amax = fmaxf(amax, fabsf(v[i]));
     }
-    if (lane == 0) p.scales[r * p.groups_per_row + g] = scale;
+    atomicMax(&group_amax[group], __float_as_uint(amax));
+  }
+  __syncthreads();
+  const auto scale_of = [&](int64_t g) {
+    return fmaxf(__uint_as_float(group_amax[g]), 1e-10f) / 448.0f;
+  };
+  for (int64_t g = threadIdx.x; g < p.groups_per_row; g += kGatherThreads) {
+    p.scales[r * p.groups_per_row + g] = scale_of(g);
+  }
+  auto* out = static_cast<__nv_fp8_storage_t*>(p.rows) + r * H;
+  for (int64_t piece = threadIdx.x; piece < pieces; piece += kGatherThreads) {
+    const int64_t c = piece * kPiece;
+    float v[kPiece];
+    values(c, v);
+    __nv_fp8_storage_t codes[kPiece];
+#pragma unroll
+    for (int i = 0; i < kPiece; ++i) {
+      codes[i] = __nv_cvt_float_to_fp8(v[i] / scale_of(min(c + i, H - 1) / p.quant_group),
+                                       __NV_SATFINITE, __NV_E4M3);
+    }
+    if (p.vec) {
+      uint32_t words[2] = {0u, 0u};
+#pragma unroll
+      for (int i = 0; i < kPiece; ++i)
+        words[i / 4] |= static_cast<uint32_t>(codes[i]) << (8 * (i % 4));
+      *reinterpret_cast<uint2*>(out + c) = make_uint2(words[0], words[1]);
+    } else {
+      for (int i = 0; i < kPiece && c + i < H; ++i) out[c + i] = codes[i];
+    }
   }
 }
 
@@ -257,17 +355,28 @@ struct CombineParams {
 constexpr int kCombineThreads = 256;
 constexpr int kCombinePerThread = 4;
 
+// A token's rows and weights go to shared memory first, so the loads of its rows' values do not
+// wait on one another (a row's address would otherwise hang on the load of its entry).
 __global__ void combine_kernel(CombineParams p) {
+  extern __shared__ int32_t token_rows[];  // [columns], then [columns] float weights
+  auto* token_weights = reinterpret_cast<float*>(token_rows + p.columns);
   const int64_t t = blockIdx.x;  // x: a grid's y and z stop at 65535
   const int64_t H = p.hidden_size;
+  for (int j = threadIdx.x; j < p.columns; j += kCombineThreads) {
+    const int64_t entry = t * p.columns + j;
+    token_rows[j] = p.entry_row[entry];
+    token_weights[j] = p.apply_weights ? p.weights[entry] : 1.0f;
+  }
+  __syncthreads();
   const int64_t first =
       static_cast<int64_t>(blockIdx.y) * kCombineThreads * kCombinePerThread + threadIdx.x;
   float sum[kCombinePerThread] = {};
+#pragma unroll 4
   for (int j = 0; j < p.columns; ++j) {
-    const int64_t entry = t * p.columns + j;
-    const int32_t row = p.entry_row[entry];
+    const int64_t row = token_rows[j];
     if (row < 0) continue;
-    const float weight = p.apply_weights ? p.weights[entry] : 1.0f;
+    const float weight = token_weights[j];
+#pragma unroll
     for (int i = 0; i < kCombinePerThread; ++i) {
       const int64_t h = first + i * kCombineThreads;
       if (h < H) {
@@ -391,12 +500,23 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
       (out == DType::f8e4m3 && args.scales == nullptr)) {
     cuda_errors::invalid_argument("gather_rows: inputs and outputs must not be null");
   }
+  if (out == DType::f8e4m3 && args.quant_group < kPiece && args.quant_group < args.hidden_size) {
+    cuda_errors::invalid_argument("gather_rows: e4m3 groups of " + str(args.quant_group) +
+                                  " columns; the GPU gather takes groups of 8 or more, or the row");
+  }
   const int64_t groups = (args.hidden_size + args.quant_group - 1) / args.quant_group;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool vec = args.hidden_size % kPiece == 0 && aligned(args.hidden) && aligned(args.rows);
   const GatherParams p{
       args.hidden,  args.hidden_dtype, args.hidden_size, args.columns,  args.row_source,
       args.offsets, args.counts,       args.n_slots,     args.capacity, args.rows,
-      out,          args.scales,       args.quant_group, groups};
-  gather_kernel<<<static_cast<unsigned>(args.max_rows), kGatherThreads, 0, stream>>>(p);
+      out,          args.scales,       args.quant_group, groups,        vec};
+  const auto shared = out == DType::f8e4m3 ? static_cast<size_t>(groups) * sizeof(unsigned) : 0;
+  if (shared > static_cast<size_t>(kSharedLimit)) {
+    cuda_errors::invalid_argument("gather_rows: " + str(groups) + " e4m3 groups per row are more " +
+                                  "than the GPU gather holds");
+  }
+  gather_kernel<<<static_cast<unsigned>(args.max_rows), kGatherThreads, shared, stream>>>(p);
   cuda_common::check_launch("gather_rows");
 }
 
@@ -418,7 +538,8 @@ void combine(const CombineArgs& args, cudaStream_t stream) {
                         args.hidden_size, args.output,     args.output_dtype};
   const dim3 grid(static_cast<unsigned>(args.tokens),
                   cuda_common::blocks_for(args.hidden_size, kCombineThreads * kCombinePerThread));
-  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  const auto shared = static_cast<size_t>(args.columns) * (sizeof(int32_t) + sizeof(float));
+  combine_kernel<<<grid, kCombineThreads, shared, stream>>>(p);
   cuda_common::check_launch("combine");
 }
 
