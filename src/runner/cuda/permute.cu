@@ -354,12 +354,15 @@ struct CombineParams {
 
 constexpr int kCombineThreads = 256;
 constexpr int kCombinePerThread = 4;
+constexpr int kCombineMaxColumns = 64;  // top-k (at most 32 on the GPU) and fused shared slots
+constexpr int kCombineChunk = 8;        // columns whose values are loaded before any is added
 
-// A token's rows and weights go to shared memory first, so the loads of its rows' values do not
-// wait on one another (a row's address would otherwise hang on the load of its entry).
+// A token's rows and weights go to shared memory first, and the values of 8 columns are loaded
+// before any is added, so those loads do not wait on one another (a row's address would
+// otherwise hang on the load of its entry, and each load on the previous sum).
 __global__ void combine_kernel(CombineParams p) {
-  extern __shared__ int32_t token_rows[];  // [columns], then [columns] float weights
-  auto* token_weights = reinterpret_cast<float*>(token_rows + p.columns);
+  __shared__ int32_t token_rows[kCombineMaxColumns];
+  __shared__ float token_weights[kCombineMaxColumns];
   const int64_t t = blockIdx.x;  // x: a grid's y and z stop at 65535
   const int64_t H = p.hidden_size;
   for (int j = threadIdx.x; j < p.columns; j += kCombineThreads) {
@@ -371,17 +374,25 @@ __global__ void combine_kernel(CombineParams p) {
   const int64_t first =
       static_cast<int64_t>(blockIdx.y) * kCombineThreads * kCombinePerThread + threadIdx.x;
   float sum[kCombinePerThread] = {};
-#pragma unroll 4
-  for (int j = 0; j < p.columns; ++j) {
-    const int64_t row = token_rows[j];
-    if (row < 0) continue;
-    const float weight = token_weights[j];
+  for (int j0 = 0; j0 < p.columns; j0 += kCombineChunk) {
+    float y[kCombineChunk][kCombinePerThread];
 #pragma unroll
-    for (int i = 0; i < kCombinePerThread; ++i) {
-      const int64_t h = first + i * kCombineThreads;
-      if (h < H) {
-        const float y = cuda_common::load_float(p.rows, p.rows_dtype, row * H + h);
-        sum[i] += p.apply_weights ? weight * y : y;
+    for (int c = 0; c < kCombineChunk; ++c) {
+      const int64_t row = j0 + c < p.columns ? token_rows[j0 + c] : -1;
+#pragma unroll
+      for (int i = 0; i < kCombinePerThread; ++i) {
+        const int64_t h = first + i * kCombineThreads;
+        y[c][i] =
+            row >= 0 && h < H ? cuda_common::load_float(p.rows, p.rows_dtype, row * H + h) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kCombineChunk; ++c) {
+      if (j0 + c >= p.columns || token_rows[j0 + c] < 0) continue;
+      const float weight = token_weights[j0 + c];
+#pragma unroll
+      for (int i = 0; i < kCombinePerThread; ++i) {
+        sum[i] += p.apply_weights ? weight * y[c][i] : y[c][i];
       }
     }
   }
@@ -524,9 +535,11 @@ void combine(const CombineArgs& args, cudaStream_t stream) {
   check_activation(args.rows_dtype, "combine", "rows");
   check_activation(args.output_dtype, "combine", "output");
   if (args.shared) check_activation(args.shared_dtype, "combine", "shared output");
-  if (args.tokens < 0 || args.columns < 1 || args.hidden_size < 1) {
+  if (args.tokens < 0 || args.columns < 1 || args.columns > kCombineMaxColumns ||
+      args.hidden_size < 1) {
     cuda_errors::invalid_argument("combine: bad sizes (tokens " + str(args.tokens) + ", columns " +
-                                  str(args.columns) + ", hidden " + str(args.hidden_size) + ")");
+                                  str(args.columns) + " of at most " + str(kCombineMaxColumns) +
+                                  ", hidden " + str(args.hidden_size) + ")");
   }
   if (args.tokens == 0) return;
   if (args.rows == nullptr || args.entry_row == nullptr || args.output == nullptr ||
@@ -538,8 +551,7 @@ void combine(const CombineArgs& args, cudaStream_t stream) {
                         args.hidden_size, args.output,     args.output_dtype};
   const dim3 grid(static_cast<unsigned>(args.tokens),
                   cuda_common::blocks_for(args.hidden_size, kCombineThreads * kCombinePerThread));
-  const auto shared = static_cast<size_t>(args.columns) * (sizeof(int32_t) + sizeof(float));
-  combine_kernel<<<grid, kCombineThreads, shared, stream>>>(p);
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
   cuda_common::check_launch("combine");
 }
 
