@@ -107,13 +107,14 @@ void expect_layout(const DeviceLayout& d, const HostLayout& want, int capacity) 
   }
 }
 
-// tile 0 stands for the masked layout with capacity T.
-class CudaSort : public ::testing::TestWithParam<std::tuple<int64_t, int>> {};
+// tile 0 stands for the masked layout with capacity T. 1000 slots leave room in shared memory
+// for fewer placing warps in the one-block sort.
+class CudaSort : public ::testing::TestWithParam<std::tuple<int64_t, int, int>> {};
 
 TEST_P(CudaSort, GroupsEntriesBySlotInEntryOrder) {
   MOEKIT_REQUIRE_GPU();
-  const auto [T, tile] = GetParam();
-  const int columns = 9, n_slots = 13;
+  const auto [T, tile, n_slots] = GetParam();
+  const int columns = 9;
   const int capacity = tile == 0 ? static_cast<int>(std::max<int64_t>(T, 1)) : 0;
   const std::vector<int32_t> ids = random_slots(T, columns, n_slots, 7 + static_cast<uint32_t>(T));
   const Tensor d_ids = upload(ids, DType::i32, {T * columns});
@@ -124,12 +125,14 @@ TEST_P(CudaSort, GroupsEntriesBySlotInEntryOrder) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSort,
                          ::testing::Combine(::testing::Values(int64_t{0}, int64_t{1}, int64_t{3},
                                                               int64_t{257}, int64_t{1000}),
-                                            ::testing::Values(0, 1, 16, 128)),
+                                            ::testing::Values(0, 1, 16, 128),
+                                            ::testing::Values(13, 1000)),
                          [](const auto& test) {
                            const int tile = std::get<1>(test.param);
                            return fmt::format(
-                               "T{}_{}", std::get<0>(test.param),
-                               tile == 0 ? std::string("masked") : fmt::format("tile{}", tile));
+                               "T{}_{}_slots{}", std::get<0>(test.param),
+                               tile == 0 ? std::string("masked") : fmt::format("tile{}", tile),
+                               std::get<2>(test.param));
                          });
 
 TEST(CudaSortGlobal, MapsGlobalIdsThroughTheTableFirst) {

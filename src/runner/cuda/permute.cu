@@ -18,7 +18,7 @@ namespace {
 
 using cuda_common::kFullMask;
 
-constexpr int64_t kSmallEntries = 2048;  // sorted by one block
+constexpr int64_t kSmallEntries = 8192;  // sorted by one block
 constexpr int kChunkEntries = 512;       // per warp in the chunked sort
 constexpr int kChunkWarps = 8;           // warps (chunks) per block
 constexpr int kSharedLimit = 48 * 1024;
@@ -123,17 +123,41 @@ __device__ void place(const SortParams& p, int64_t begin, int64_t end, int* curs
   }
 }
 
-__global__ void sort_small_kernel(SortParams p) {
-  extern __shared__ int count[];
-  for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) count[s] = 0;
+// The small sort in one block: warp w takes the w-th contiguous chunk of the entries, counts
+// them per slot in its own histogram, the histograms become each warp's starting row per slot,
+// and every warp places its chunk at once (a single warp placing every entry took 32 steps per
+// thousand entries).
+__global__ void sort_small_kernel(SortParams p, int warps) {
+  extern __shared__ int shared[];
+  int* count = shared;               // [n_slots]
+  int* cursor = shared + p.n_slots;  // [warps][n_slots]
+  const int n = p.n_slots;
+  for (int i = threadIdx.x; i < (warps + 1) * n; i += blockDim.x) shared[i] = 0;
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < p.entries; e += blockDim.x) {
-    const int s = slot_of(p, e);
-    if (s >= 0) atomicAdd(&count[s], 1);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunk = (p.entries + warps - 1) / warps;
+  const int64_t begin = min(p.entries, warp * chunk), end = min(p.entries, begin + chunk);
+  if (warp < warps) {
+    for (int64_t e = begin + lane; e < end; e += 32) {
+      const int s = slot_of(p, e);
+      if (s >= 0) atomicAdd(&cursor[warp * n + s], 1);
+    }
+  }
+  __syncthreads();
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    int running = 0;
+    for (int w = 0; w < warps; ++w) {
+      const int c = cursor[w * n + s];
+      cursor[w * n + s] = running;
+      running += c;
+    }
+    count[s] = running;
   }
   __syncthreads();
   lay_out_slots(p, count);
-  if (threadIdx.x < 32) place(p, 0, p.entries, count);
+  for (int i = threadIdx.x; i < warps * n; i += blockDim.x) cursor[i] += count[i % n];
+  __syncthreads();
+  if (warp < warps) place(p, begin, end, cursor + warp * n);
 }
 
 __global__ void chunk_histogram_kernel(SortParams p, int* chunk_counts) {
@@ -472,7 +496,11 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
       args.capacity, args.counts,          args.offsets,  args.row_source, args.entry_row};
   const auto shared = static_cast<size_t>(slot_bytes);
   if (entries <= kSmallEntries) {
-    sort_small_kernel<<<1, kScanThreads, shared, stream>>>(p);
+    // As many placing warps (up to the block's 32) as have a histogram in shared memory.
+    const int warps =
+        static_cast<int>(std::min<int64_t>(kScanThreads / 32, kSharedLimit / slot_bytes - 1));
+    sort_small_kernel<<<1, kScanThreads, static_cast<size_t>((warps + 1) * slot_bytes), stream>>>(
+        p, warps);
     cuda_common::check_launch("sort_by_slot");
     return;
   }
