@@ -3,6 +3,7 @@
 
 #include "block/cuda/block_kernels.hpp"
 #include "core/cuda_common.cuh"
+#include "core/cuda_launch.cuh"
 
 namespace moekit::block::cuda {
 namespace {
@@ -32,6 +33,8 @@ struct CheckedTensor {
 
 // Tensor 0's elements, then tensor 1's, in one grid-stride loop.
 __global__ void check_finite_kernel(CheckedTensor a, CheckedTensor b) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   const int64_t n = a.elements + b.elements;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -49,6 +52,8 @@ __global__ void check_finite_kernel(CheckedTensor a, CheckedTensor b) {
 
 __global__ void shared_gate_kernel(const void* hidden, DType dtype, int64_t hidden_size,
                                    const float* gate, float* out) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   __shared__ double partial[kThreads / 32];
   const int64_t t = blockIdx.x;
   double dot = 0.0;
@@ -92,7 +97,8 @@ void launch_check(const CheckedTensor& a, const CheckedTensor& b, cudaStream_t s
   const int64_t n = a.elements + b.elements;
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>(cuda_common::blocks_for(n, kThreads), kMaxBlocks);
-  check_finite_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b);
+  cuda_launch::launch(check_finite_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, a,
+                      b);
   cuda_common::check_launch("check_finite");
 }
 
@@ -128,8 +134,8 @@ void shared_gate(const SharedGateArgs& args, cudaStream_t stream) {
   if (args.hidden == nullptr || args.gate == nullptr || args.out == nullptr) {
     cuda_errors::invalid_argument("shared_gate: hidden, gate and out must not be null");
   }
-  shared_gate_kernel<<<static_cast<unsigned>(args.tokens), kThreads, 0, stream>>>(
-      args.hidden, args.hidden_dtype, args.hidden_size, args.gate, args.out);
+  cuda_launch::launch(shared_gate_kernel, static_cast<unsigned>(args.tokens), kThreads, 0, stream,
+                      args.hidden, args.hidden_dtype, args.hidden_size, args.gate, args.out);
   cuda_common::check_launch("shared_gate");
 }
 

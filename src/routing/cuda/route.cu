@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/cuda_common.cuh"
+#include "core/cuda_launch.cuh"
 #include "routing/cuda/route.hpp"
 
 // One warp routes one token: the scores live in the warp's slice of shared memory, and each of
@@ -99,6 +100,8 @@ __device__ unsigned order_key(float value) {
 }
 
 __global__ void route_kernel(RouteParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ __align__(16) unsigned char shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
@@ -212,6 +215,8 @@ struct PhysicalParams {
 };
 
 __global__ void to_physical_kernel(PhysicalParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.tokens * p.columns) return;
   const int64_t t = i / p.columns;
@@ -304,8 +309,8 @@ void route(const RouteArgs& args, cudaStream_t stream) {
                            args.ids,
                            args.weights,
                            warp_bytes};
-  route_kernel<<<cuda_common::blocks_for(args.tokens, warps), warps * 32, warp_bytes * warps,
-                 stream>>>(params);
+  cuda_launch::launch(route_kernel, cuda_common::blocks_for(args.tokens, warps), warps * 32,
+                      warp_bytes * warps, stream, params);
   cuda_common::check_launch("route");
 }
 
@@ -329,8 +334,8 @@ void to_physical(const ToPhysicalArgs& args, cudaStream_t stream) {
       args.first_shared_id, args.shared_slot_weight, args.shared_gate, args.ids,
       args.weights};
   constexpr int kThreads = 256;
-  to_physical_kernel<<<cuda_common::blocks_for(args.tokens * columns, kThreads), kThreads, 0,
-                       stream>>>(params);
+  cuda_launch::launch(to_physical_kernel, cuda_common::blocks_for(args.tokens * columns, kThreads),
+                      kThreads, 0, stream, params);
   cuda_common::check_launch("to_physical");
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/cuda_common.cuh"
+#include "core/cuda_launch.cuh"
 #include "runner/cuda/permute.hpp"
 
 // The sort is a counting sort by slot with a stable placement: a warp walks its entries 32 at a
@@ -128,6 +129,8 @@ __device__ void place(const SortParams& p, int64_t begin, int64_t end, int* curs
 // and every warp places its chunk at once (a single warp placing every entry took 32 steps per
 // thousand entries).
 __global__ void sort_small_kernel(SortParams p, int warps) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ int shared[];
   int* count = shared;               // [n_slots]
   int* cursor = shared + p.n_slots;  // [warps][n_slots]
@@ -161,6 +164,8 @@ __global__ void sort_small_kernel(SortParams p, int warps) {
 }
 
 __global__ void chunk_histogram_kernel(SortParams p, int* chunk_counts) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ int histogram[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kChunkWarps + warp;
@@ -180,6 +185,8 @@ __global__ void chunk_histogram_kernel(SortParams p, int* chunk_counts) {
 
 // chunk_counts[c][s] becomes the number of slot-s entries in chunks before c.
 __global__ void chunk_scan_kernel(SortParams p, int* chunk_counts, int64_t chunks) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ int count[];
   for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) {
     int running = 0;
@@ -195,6 +202,8 @@ __global__ void chunk_scan_kernel(SortParams p, int* chunk_counts, int64_t chunk
 }
 
 __global__ void chunk_place_kernel(SortParams p, const int* chunk_counts) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ int cursors[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kChunkWarps + warp;
@@ -265,6 +274,8 @@ __device__ void load_piece(const GatherParams& p, int64_t index, int64_t c, floa
 // quantize_activation_row's std::max ignores it), and a second pass, from the L1, divides by
 // the scale (IEEE), rounds to nearest even and saturates to +-448.
 __global__ void gather_kernel(GatherParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
   const int64_t r = blockIdx.x;
   if (p.capacity > 0) {
@@ -385,6 +396,8 @@ constexpr int kCombineChunk = 8;        // columns whose values are loaded befor
 // before any is added, so those loads do not wait on one another (a row's address would
 // otherwise hang on the load of its entry, and each load on the previous sum).
 __global__ void combine_kernel(CombineParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   __shared__ int32_t token_rows[kCombineMaxColumns];
   __shared__ float token_weights[kCombineMaxColumns];
   const int64_t t = blockIdx.x;  // x: a grid's y and z stop at 65535
@@ -499,8 +512,8 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
     // As many placing warps (up to the block's 32) as have a histogram in shared memory.
     const int warps =
         static_cast<int>(std::min<int64_t>(kScanThreads / 32, kSharedLimit / slot_bytes - 1));
-    sort_small_kernel<<<1, kScanThreads, static_cast<size_t>((warps + 1) * slot_bytes), stream>>>(
-        p, warps);
+    cuda_launch::launch(sort_small_kernel, 1, kScanThreads,
+                        static_cast<size_t>((warps + 1) * slot_bytes), stream, p, warps);
     cuda_common::check_launch("sort_by_slot");
     return;
   }
@@ -512,10 +525,11 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
   auto* chunk_counts = static_cast<int*>(args.scratch);
   const int64_t chunks = chunk_count(entries);
   const unsigned blocks = cuda_common::blocks_for(chunks, kChunkWarps);
-  chunk_histogram_kernel<<<blocks, kChunkWarps * 32, shared * kChunkWarps, stream>>>(p,
-                                                                                     chunk_counts);
-  chunk_scan_kernel<<<1, kScanThreads, shared, stream>>>(p, chunk_counts, chunks);
-  chunk_place_kernel<<<blocks, kChunkWarps * 32, shared * kChunkWarps, stream>>>(p, chunk_counts);
+  cuda_launch::launch(chunk_histogram_kernel, blocks, kChunkWarps * 32, shared * kChunkWarps,
+                      stream, p, chunk_counts);
+  cuda_launch::launch(chunk_scan_kernel, 1, kScanThreads, shared, stream, p, chunk_counts, chunks);
+  cuda_launch::launch(chunk_place_kernel, blocks, kChunkWarps * 32, shared * kChunkWarps, stream, p,
+                      chunk_counts);
   cuda_common::check_launch("sort_by_slot");
 }
 
@@ -555,7 +569,8 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
     cuda_errors::invalid_argument("gather_rows: " + str(groups) + " e4m3 groups per row are more " +
                                   "than the GPU gather holds");
   }
-  gather_kernel<<<static_cast<unsigned>(args.max_rows), kGatherThreads, shared, stream>>>(p);
+  cuda_launch::launch(gather_kernel, static_cast<unsigned>(args.max_rows), kGatherThreads, shared,
+                      stream, p);
   cuda_common::check_launch("gather_rows");
 }
 
@@ -579,7 +594,7 @@ void combine(const CombineArgs& args, cudaStream_t stream) {
                         args.hidden_size, args.output,     args.output_dtype};
   const dim3 grid(static_cast<unsigned>(args.tokens),
                   cuda_common::blocks_for(args.hidden_size, kCombineThreads * kCombinePerThread));
-  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  cuda_launch::launch(combine_kernel, grid, kCombineThreads, 0, stream, p);
   cuda_common::check_launch("combine");
 }
 

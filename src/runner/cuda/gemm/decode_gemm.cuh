@@ -70,6 +70,8 @@ struct DecodeUnit {
 
 template <Elem kElem, bool kGated, bool kVec, bool kPerBlock>
 __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Params p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   constexpr int kNT = kDecodeTokenTiles;
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr int kPerPiece = 16 / kBytes;     // elements one thread loads per row

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/cuda_launch.cuh"
 #include "runner/cuda/gemm/gemm_kernels.cuh"
 
 namespace moekit::cuda_gemm {
@@ -268,6 +269,8 @@ __device__ void e4m3_round(float x, float scale, uint8_t* out) {
 // One CTA per row. Per 128 columns: a warp per group, 4 columns per lane. Whole row: a block
 // reduction of the amax.
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_kernel(QuantizeRowsArgs a) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   const int64_t row = blockIdx.x;
   if (row >= __ldg(a.offsets + a.num_experts)) return;
   const float* in = a.in + row * a.cols;
@@ -330,7 +333,8 @@ void launch_quantize_rows_e4m3(const QuantizeRowsArgs& args, cudaStream_t stream
     bad("quantize_rows: in, out or scales is null");
   }
   if (args.rows > 0x7FFFFFFF) bad("quantize_rows.rows: too many for one launch");
-  quantize_rows_kernel<<<static_cast<unsigned>(args.rows), kQuantizeThreads, 0, stream>>>(args);
+  cuda_launch::launch(quantize_rows_kernel, static_cast<unsigned>(args.rows), kQuantizeThreads, 0,
+                      stream, args);
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) {
     throw std::runtime_error(std::string("quantize_rows: launch failed: ") +

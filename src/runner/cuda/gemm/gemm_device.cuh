@@ -11,6 +11,8 @@
 
 #include "moekit/spec.hpp"
 
+#include "core/cuda_launch.cuh"
+
 namespace moekit::cuda_gemm::detail {
 
 enum class Elem : uint8_t { bf16, f16, e4m3 };

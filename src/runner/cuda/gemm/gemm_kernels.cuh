@@ -17,11 +17,13 @@ template <Elem kElem, bool kGated, bool kVec>
 void launch_decode_variant(const Params& p, bool per_block, dim3 grid, cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (per_block) {
-      decode_kernel<kElem, kGated, kVec, true><<<grid, kDecodeThreads, 0, stream>>>(p);
+      cuda_launch::launch(decode_kernel<kElem, kGated, kVec, true>, grid, kDecodeThreads, 0, stream,
+                          p);
       return;
     }
   }
-  decode_kernel<kElem, kGated, kVec, false><<<grid, kDecodeThreads, 0, stream>>>(p);
+  cuda_launch::launch(decode_kernel<kElem, kGated, kVec, false>, grid, kDecodeThreads, 0, stream,
+                      p);
 }
 
 template <Elem kElem>
@@ -43,7 +45,7 @@ void launch_prefill_variant(const Params& p, dim3 grid, cudaStream_t stream) {
   static const cudaError_t attribute =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes);
   (void)attribute;
-  kernel<<<grid, kPrefillThreads, kPrefillSmemBytes, stream>>>(p);
+  cuda_launch::launch(kernel, grid, kPrefillThreads, kPrefillSmemBytes, stream, p);
 }
 
 template <Elem kElem>

@@ -41,6 +41,8 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c) {
 
 template <Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Params p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr bool kFp8 = kElem == Elem::e4m3;
   extern __shared__ uint4 smem[];
