@@ -5,7 +5,8 @@
 // predecessor on the stream still runs; it must call wait_for_inputs() before it reads anything
 // an earlier kernel wrote or writes anything an earlier kernel reads, and it calls
 // release_dependents() to let its own successor be scheduled early. Every kernel of the forward
-// path calls both first thing, so the order of the stream is what it was, minus the gaps. The
+// path calls wait_for_inputs() first thing, and the short ones release_dependents() right after
+// it, so the order of the stream is what it was, minus the gaps. The
 // attribute is captured into CUDA graphs as programmatic edges. Header-only: the expert GEMMs
 // and their stand-alone benchmark use it too.
 

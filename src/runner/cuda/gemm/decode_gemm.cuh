@@ -70,8 +70,9 @@ struct DecodeUnit {
 
 template <Elem kElem, bool kGated, bool kVec, bool kPerBlock>
 __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Params p) {
+  // No early release of the next kernel: a GEMM runs for many microseconds, so there is no gap
+  // worth closing, and with the release Mixtral-8x7B at T = 1 measured 13% slower (docs/CUDA.md).
   cuda_launch::wait_for_inputs();
-  cuda_launch::release_dependents();
   constexpr int kNT = kDecodeTokenTiles;
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr int kPerPiece = 16 / kBytes;     // elements one thread loads per row

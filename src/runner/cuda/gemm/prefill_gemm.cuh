@@ -41,8 +41,9 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c) {
 
 template <Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_kernel(const Params p) {
+  // No early release of the next kernel: a GEMM runs for many microseconds, so there is no gap
+  // worth closing, and with the release Mixtral-8x7B at T = 1 measured 13% slower (docs/CUDA.md).
   cuda_launch::wait_for_inputs();
-  cuda_launch::release_dependents();
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr bool kFp8 = kElem == Elem::e4m3;
   extern __shared__ uint4 smem[];
