@@ -43,6 +43,9 @@ struct CoreWeights {
   QuantParams quant;
   float w13_input_scale = 0.0f;  // fp8_static: the scale of GEMM1's input
   float w2_input_scale = 0.0f;   // fp8_static: the scale of GEMM2's input
+  // fp8_static on a GPU: {w13_input_scale, w2_input_scale} in the device's memory, where the
+  // kernels read them; null elsewhere.
+  const float* device_input_scales = nullptr;
 };
 
 }  // namespace moekit

@@ -125,6 +125,12 @@ void QuantMethod::load_expert(int slot, const MatrixSource& gate, const MatrixSo
 void QuantMethod::set_input_scales(float w13, float w2) {
   weights_.w13_input_scale = w13;
   weights_.w2_input_scale = w2;
+  if (device_.kind != DeviceKind::cpu) {
+    float scales[2] = {w13, w2};
+    device_input_scales_ = Tensor::empty(DType::f32, {2}, device_);
+    copy(device_input_scales_, TensorView::contiguous(scales, DType::f32, {2}));
+    weights_.device_input_scales = device_input_scales_.data<float>();
+  }
 }
 
 CoreWeights QuantMethod::apply() const {

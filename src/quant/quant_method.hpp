@@ -88,7 +88,8 @@ class QuantMethod {
   std::unique_ptr<WeightPacker> packer_;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
-  Canonical canonical_;  // the weights on the plan's device; empty when a packer holds them
+  Canonical canonical_;         // the weights on the plan's device; empty when a packer holds them
+  Tensor device_input_scales_;  // fp8_static on a GPU: [2] f32
   CoreWeights weights_;
 };
 

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_support.hpp"
@@ -54,7 +57,9 @@ std::vector<CudaLayerCase> cases() {
       {"f16", WeightFormat::f16},
       {"fp8_block", QuantParams::Fp8Block(128)},
       {"fp8_tensor", QuantParams::Fp8Tensor(Fp8Scaling::per_tensor)},
-      {"fp8_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)}};
+      {"fp8_channel", QuantParams::Fp8Tensor(Fp8Scaling::per_channel)},
+      {"fp8_channel_static",
+       QuantParams::Fp8Tensor(Fp8Scaling::per_channel, Fp8Activations::static_)}};
   std::vector<NamedSpec> specs = routing_specs();
   specs.push_back({"odd_dsv3", odd_dsv3()});
   specs.push_back({"one_block_dsv3", one_block_dsv3()});
@@ -86,6 +91,33 @@ std::vector<CudaLayerCase> cases() {
   }
   return out;
 }
+
+// A checkpoint's input scales for fp8 static activations, [E] per stack (w13, w2, shared_w13,
+// shared_w2), random in [0.005, 0.02]: the layer takes the largest of each kind.
+struct InputScales {
+  Tensor stacks[4];
+
+  InputScales(const ModelSpec& spec, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uniform(0.005f, 0.02f);
+    const int64_t counts[4] = {spec.n_experts, spec.n_experts, spec.n_shared, spec.n_shared};
+    for (int i = 0; i < 4; ++i) {
+      stacks[i] = Tensor::empty(DType::f32, {counts[i]});
+      std::generate_n(stacks[i].data<float>(), counts[i], [&] { return uniform(rng); });
+    }
+  }
+  // The weights a layer of `quant` is given: with the input scales for static activations.
+  LayerWeights attach(LayerWeights w, const QuantParams& quant) const {
+    if (quant.activation != ActivationQuant::fp8_static) return w;
+    w.w13.input_scale = stacks[0].view();
+    w.w2.input_scale = stacks[1].view();
+    if (stacks[2].view().numel() > 0) {
+      w.shared_w13.input_scale = stacks[2].view();
+      w.shared_w2.input_scale = stacks[3].view();
+    }
+    return w;
+  }
+};
 
 // Host inputs on the GPU, the output poisoned there.
 struct DeviceRun {
@@ -127,9 +159,10 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
   options.weights = c.weights;
   options.form = c.form;
   options.max_tokens = std::max<int64_t>(T, 8);
-  const RandomWeights given = RandomWeights::make(spec, DType::bf16, 21);
-  const QuantizedLayerWeights quantized = quantize_layer(given.view(), c.weights);
-  const LayerWeights& held = c.weights.quantized() ? quantized.view() : given.view();
+  const RandomWeights random = RandomWeights::make(spec, DType::bf16, 21);
+  const LayerWeights given = InputScales(spec, 23).attach(random.view(), c.weights);
+  const QuantizedLayerWeights quantized = quantize_layer(given, c.weights);
+  const LayerWeights& held = c.weights.quantized() ? quantized.view() : given;
   const Inputs in = random_inputs(spec, T, c.hidden, 22);
   std::vector<double> sum(static_cast<size_t>(T * H), 0.0);
   std::vector<int32_t> ids;
@@ -137,7 +170,7 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
   for (int rank = 0; rank < c.ep_size; ++rank) {
     options.ep = ExpertParallel::Rank(c.ep_size, rank, c.redundant);
     const Plan plan = resolve(spec, options, Platform::probe());
-    MoeLayer layer(plan, given.view());
+    MoeLayer layer(plan, given);
     DeviceRun d = device_inputs(in, T, H, k);
     const RoutingResult routing{d.ids, d.weights};
     layer.forward(d.hidden, d.logits, d.output, &routing);
@@ -151,7 +184,7 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
     }
   }
   const OracleRouting routing =
-      oracle_routing(spec, given.view().correction_bias, in.logits, ids, weights);
+      oracle_routing(spec, given.correction_bias, in.logits, ids, weights);
   EXPECT_TRUE(routing.agrees());
   // Ranks' outputs are each rounded to the output's dtype before they are summed.
   const DType rounded = c.ep_size == 1 ? c.hidden : DType::f32;
@@ -279,8 +312,6 @@ TEST(CudaResolve, RefusesWhatTheCudaCoreCannotRunNamingWhy) {
       {"int4", with_gpu(9, 0), Device::cuda(0), WeightFormat::int4_group, "INT4"},
       {"f32 weights", with_gpu(9, 0), Device::cuda(0), WeightFormat::f32, "f32"},
       {"fp8 blocks of 64", with_gpu(9, 0), Device::cuda(0), QuantParams::Fp8Block(64), "128 x 128"},
-      {"static fp8 activations", with_gpu(9, 0), Device::cuda(0),
-       QuantParams::Fp8Tensor(Fp8Scaling::per_tensor, Fp8Activations::static_), "static"},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.name);

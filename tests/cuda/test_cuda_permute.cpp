@@ -250,6 +250,50 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(shape.hidden) + "_group" + std::to_string(shape.group);
     });
 
+// fp8 static activations: every value over the one scale the checkpoint gives (large values
+// saturate), no amax, no scales written.
+TEST(CudaGatherStatic, QuantisesEveryRowWithTheStaticScale) {
+  MOEKIT_REQUIRE_GPU();
+  const int64_t T = 3, H = 304;
+  const int columns = 2, n_slots = 3;
+  const float scale = 0.004f;  // 448 * 0.004 = 1.8: values beyond saturate
+  const std::vector<int32_t> ids = random_slots(T, columns, n_slots, 41);
+  const std::vector<float> x = normal(T * H, 42, 1.0f);
+  const Tensor d_ids = upload(ids, DType::i32, {T * columns});
+  const Tensor d_hidden = upload(x, DType::f32, {T, H});
+  const Tensor d_scale = upload(std::vector<float>{scale}, DType::f32, {1});
+  const DeviceLayout d = device_sort(d_ids, T, columns, n_slots, 1, 0);
+  Tensor rows = poisoned(DType::f8e4m3, {d.max_rows, H});
+  rc::gather_rows({.hidden = d_hidden.view().data,
+                   .hidden_dtype = DType::f32,
+                   .tokens = T,
+                   .hidden_size = H,
+                   .columns = columns,
+                   .row_source = d.row_source.data<int32_t>(),
+                   .offsets = d.offsets.data<int32_t>(),
+                   .counts = d.counts.data<int32_t>(),
+                   .n_slots = n_slots,
+                   .max_rows = d.max_rows,
+                   .rows = rows.view().data,
+                   .rows_dtype = DType::f8e4m3,
+                   .quant_group = static_cast<int>(H),
+                   .static_scale = d_scale.data<float>()},
+                  nullptr);
+  const HostLayout want = host_sort(ids, n_slots, 1, 0);
+  const std::vector<uint8_t> got = download<uint8_t>(rows);
+  const QuantParams fp8 = QuantParams::Fp8Tensor(Fp8Scaling::per_tensor, Fp8Activations::static_);
+  std::vector<float> got_row(static_cast<size_t>(H)), want_row(static_cast<size_t>(H));
+  for (int64_t r = 0; r < want.offsets[n_slots]; ++r) {
+    const int32_t entry = want.row_source[r];
+    ASSERT_GE(entry, 0);
+    convert_to_f32(got.data() + r * H, DType::f8e4m3, H, got_row.data());
+    quantize_activation_row(fp8, scale, x.data() + entry / columns * H, H, want_row.data());
+    for (int64_t h = 0; h < H; ++h) {
+      ASSERT_EQ(got_row[h] * scale, want_row[h]) << "row " << r << " column " << h;
+    }
+  }
+}
+
 class CudaCombine : public ::testing::TestWithParam<std::tuple<DType, DType, int64_t, bool>> {};
 
 TEST_P(CudaCombine, SumsTheEntriesInColumnOrderPlusTheSharedOutput) {

@@ -46,6 +46,7 @@ class CudaCore final : public RunnerCore {
                                                      : plan.cuda_kernels->routed),
         dtype_(problem.quant.weight_dtype),
         fp8_(dtype_ == DType::f8e4m3),
+        static_(problem.quant.activation == ActivationQuant::fp8_static),
         max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)) {}
 
   RunnerFormat format() const override { return RunnerFormat::standard; }
@@ -90,8 +91,9 @@ class CudaCore final : public RunnerCore {
                                .max_rows = rows,
                                .rows = a.x,
                                .rows_dtype = dtype_,
-                               .scales = fp8_ ? a.x_scales : nullptr,
-                               .quant_group = static_cast<int>(x_group)},
+                               .scales = fp8_ && !static_ ? a.x_scales : nullptr,
+                               .quant_group = static_cast<int>(x_group),
+                               .static_scale = static_ ? w.device_input_scales : nullptr},
                               stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice{.kernel = c.kernel == CudaGemmKernel::decode
@@ -102,18 +104,20 @@ class CudaCore final : public RunnerCore {
                                        .gemm2_slices = c.gemm2_slices};
     const int activation_block_cols =
         per_group(p_.quant) ? static_cast<int>(p_.quant.activation_group) : 0;
-    const auto weight_scales = [&](const StoredMatrices& m, const float* activation) {
+    // Static activation scales: GEMM1's is device_input_scales[0], GEMM2's [1].
+    const auto weight_scales = [&](const StoredMatrices& m, const float* activation, int stat) {
       return cuda_gemm::Fp8Scales{.weight = static_cast<const float*>(m.scale.data),
                                   .weight_block_rows = static_cast<int>(p_.quant.block_rows),
                                   .weight_block_cols = static_cast<int>(p_.quant.block_cols),
-                                  .activation = activation,
-                                  .activation_block_cols = activation_block_cols};
+                                  .activation = static_ ? w.device_input_scales + stat : activation,
+                                  .activation_block_cols = activation_block_cols,
+                                  .activation_static = static_};
     };
     cuda_gemm::launch_gemm1(
         {.dtype = dtype_,
          .x = a.x,
          .w13 = w.w13.weight.data,
-         .scales = fp8_ ? weight_scales(w.w13, a.x_scales) : cuda_gemm::Fp8Scales{},
+         .scales = fp8_ ? weight_scales(w.w13, a.x_scales, 0) : cuda_gemm::Fp8Scales{},
          .offsets = a.offsets,
          .num_experts = p_.slots,
          .rows = rows,
@@ -124,21 +128,23 @@ class CudaCore final : public RunnerCore {
          .choice = choice},
         stream);
     if (fp8_) {
-      cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
-                                            .offsets = a.offsets,
-                                            .num_experts = p_.slots,
-                                            .rows = rows,
-                                            .cols = static_cast<int>(I),
-                                            .group = activation_block_cols,
-                                            .out = a.act_e4m3,
-                                            .scales = a.act_scales},
-                                           stream);
+      cuda_gemm::launch_quantize_rows_e4m3(
+          {.in = static_cast<const float*>(a.act),
+           .offsets = a.offsets,
+           .num_experts = p_.slots,
+           .rows = rows,
+           .cols = static_cast<int>(I),
+           .group = activation_block_cols,
+           .static_scale = static_ ? w.device_input_scales + 1 : nullptr,
+           .out = a.act_e4m3,
+           .scales = a.act_scales},
+          stream);
     }
     cuda_gemm::launch_gemm2(
         {.dtype = dtype_,
          .act = fp8_ ? static_cast<const void*>(a.act_e4m3) : a.act,
          .w2 = w.w2.weight.data,
-         .scales = fp8_ ? weight_scales(w.w2, a.act_scales) : cuda_gemm::Fp8Scales{},
+         .scales = fp8_ ? weight_scales(w.w2, a.act_scales, 1) : cuda_gemm::Fp8Scales{},
          .offsets = a.offsets,
          .num_experts = p_.slots,
          .rows = rows,
@@ -195,6 +201,7 @@ class CudaCore final : public RunnerCore {
   std::vector<CudaGemmChoice> kernels_;  // this computation's runs of the plan's choice
   DType dtype_;
   bool fp8_;
+  bool static_;  // fp8 activations with the checkpoint's static scales
   int64_t max_rows_;
 };
 
@@ -245,11 +252,10 @@ Capability cuda_reads(const QuantParams& q) {
           "e4m3 weights with 128 x 128 scales and e4m3 activations per token per 128 columns; "
           "f32 sums promoted per 128-wide K block");
     case WeightFormat::fp8_tensor:
-      if (q.activation == ActivationQuant::fp8_static) {
-        return Capability::No(
-            "static fp8 activation scales are not built in the cuda core; use dynamic ones");
-      }
-      return Capability::Yes("e4m3 weights per tensor or channel, e4m3 activations per token");
+      return Capability::Yes(
+          q.activation == ActivationQuant::fp8_static
+              ? "e4m3 weights per tensor or channel, e4m3 activations with static scales"
+              : "e4m3 weights per tensor or channel, e4m3 activations per token");
     case WeightFormat::int4_group:
       return Capability::No("INT4 weights on the GPU are a later issue, not built yet");
   }

@@ -232,8 +232,9 @@ struct GatherParams {
   float* scales;
   int quant_group;
   int64_t groups_per_row;
-  bool vec;  // hidden_size % 8 == 0 and both row arrays 16-byte aligned: whole pieces move as
-             // vectors
+  // hidden_size % 8 == 0 and both row arrays 16-byte aligned: whole pieces move as vectors.
+  bool vec;
+  const float* static_scale;
 };
 
 constexpr int kGatherThreads = 256;
@@ -272,7 +273,8 @@ __device__ void load_piece(const GatherParams& p, int64_t index, int64_t c, floa
 // for it). For e4m3, a first pass takes each group's amax into shared memory (a max of
 // non-negative floats is a max of their bits, exact in any order; NaN is ignored as
 // quantize_activation_row's std::max ignores it), and a second pass, from the L1, divides by
-// the scale (IEEE), rounds to nearest even and saturates to +-448.
+// the scale (IEEE), rounds to nearest even and saturates to +-448; a static scale needs only
+// the second pass.
 __global__ void gather_kernel(GatherParams p) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
@@ -322,9 +324,12 @@ __global__ void gather_kernel(GatherParams p) {
     }
     return;
   }
-  for (int64_t g = threadIdx.x; g < p.groups_per_row; g += kGatherThreads) group_amax[g] = 0u;
+  const bool dynamic = p.static_scale == nullptr;
+  for (int64_t g = threadIdx.x; dynamic && g < p.groups_per_row; g += kGatherThreads) {
+    group_amax[g] = 0u;
+  }
   __syncthreads();
-  for (int64_t piece = threadIdx.x; piece < pieces; piece += kGatherThreads) {
+  for (int64_t piece = threadIdx.x; dynamic && piece < pieces; piece += kGatherThreads) {
     const int64_t c = piece * kPiece;
     float v[kPiece];
     values(c, v);
@@ -344,10 +349,11 @@ __global__ void gather_kernel(GatherParams p) {
     atomicMax(&group_amax[group], __float_as_uint(amax));
   }
   __syncthreads();
+  const float fixed = dynamic ? 0.0f : __ldg(p.static_scale);
   const auto scale_of = [&](int64_t g) {
-    return fmaxf(__uint_as_float(group_amax[g]), 1e-10f) / 448.0f;
+    return dynamic ? fmaxf(__uint_as_float(group_amax[g]), 1e-10f) / 448.0f : fixed;
   };
-  for (int64_t g = threadIdx.x; g < p.groups_per_row; g += kGatherThreads) {
+  for (int64_t g = threadIdx.x; dynamic && g < p.groups_per_row; g += kGatherThreads) {
     p.scales[r * p.groups_per_row + g] = scale_of(g);
   }
   auto* out = static_cast<__nv_fp8_storage_t*>(p.rows) + r * H;
@@ -550,7 +556,7 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
   if (args.tokens == 0 || args.max_rows == 0) return;
   if (args.hidden == nullptr || args.row_source == nullptr || args.offsets == nullptr ||
       args.counts == nullptr || args.rows == nullptr ||
-      (out == DType::f8e4m3 && args.scales == nullptr)) {
+      (out == DType::f8e4m3 && args.scales == nullptr && args.static_scale == nullptr)) {
     cuda_errors::invalid_argument("gather_rows: inputs and outputs must not be null");
   }
   if (out == DType::f8e4m3 && args.quant_group < kPiece && args.quant_group < args.hidden_size) {
@@ -560,10 +566,22 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
   const int64_t groups = (args.hidden_size + args.quant_group - 1) / args.quant_group;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const bool vec = args.hidden_size % kPiece == 0 && aligned(args.hidden) && aligned(args.rows);
-  const GatherParams p{
-      args.hidden,  args.hidden_dtype, args.hidden_size, args.columns,  args.row_source,
-      args.offsets, args.counts,       args.n_slots,     args.capacity, args.rows,
-      out,          args.scales,       args.quant_group, groups,        vec};
+  const GatherParams p{args.hidden,
+                       args.hidden_dtype,
+                       args.hidden_size,
+                       args.columns,
+                       args.row_source,
+                       args.offsets,
+                       args.counts,
+                       args.n_slots,
+                       args.capacity,
+                       args.rows,
+                       out,
+                       args.scales,
+                       args.quant_group,
+                       groups,
+                       vec,
+                       args.static_scale};
   const auto shared = out == DType::f8e4m3 ? static_cast<size_t>(groups) * sizeof(unsigned) : 0;
   if (shared > static_cast<size_t>(kSharedLimit)) {
     cuda_errors::invalid_argument("gather_rows: " + str(groups) + " e4m3 groups per row are more " +

@@ -66,6 +66,9 @@ struct GatherArgs {
   DType rows_dtype = DType::bf16;
   float* scales = nullptr;  // f8e4m3: [max_rows, ceil(hidden_size / quant_group)] out
   int quant_group = 128;
+  // f8e4m3 with a static scale (one f32 on the device): every value is e4m3(x / scale), and no
+  // scales are written (scales may be null).
+  const float* static_scale = nullptr;
 };
 
 void gather_rows(const GatherArgs& args, cudaStream_t stream);
