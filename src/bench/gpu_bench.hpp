@@ -23,9 +23,14 @@ struct GpuCeilings {
   std::string name;  // the GPU's
   int64_t l2_bytes = 0;
   double read_bytes_per_s = 0.0;  // a read-only kernel over read_bytes, median of read_passes
-  double bf16_flops_per_s = 0.0;  // dense bf16 tensor-core peak, f32 accumulation
-  double fp8_flops_per_s = 0.0;   // dense e4m3 tensor-core peak, f32 accumulation; 0: none
-  std::string peak_method;        // how the peaks were measured
+  // The dense tensor-core peaks the floors use (f32 accumulation; fp8 0: none): cuBLASLt's where
+  // it could be measured, else the mma.sync figures below.
+  double bf16_flops_per_s = 0.0;
+  double fp8_flops_per_s = 0.0;
+  // mma.sync chains in registers: the instructions the cuda runner's GEMMs use.
+  double mma_bf16_flops_per_s = 0.0;
+  double mma_fp8_flops_per_s = 0.0;
+  std::string peak_method;  // how the peaks were measured
   int64_t read_bytes = 0;
   int read_passes = 0;
 

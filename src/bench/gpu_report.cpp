@@ -46,9 +46,11 @@ bool GpuReport::all_ok() const {
 std::string GpuReport::table() const {
   std::string text = fmt::format(
       "gpu: {}, L2 {} MiB; read bandwidth {:.2f} TB/s (read-only kernel over {} MiB, median of "
-      "{}); tensor-core peaks bf16 {:.0f} TFLOP/s, fp8 {:.0f} TFLOP/s ({})\n",
+      "{}); tensor-core peaks bf16 {:.0f} TFLOP/s, fp8 {:.0f} TFLOP/s ({}; mma.sync reaches "
+      "{:.0f} and {:.0f})\n",
       gpu.name, gpu.l2_bytes >> 20, gpu.read_bytes_per_s * 1e-12, gpu.read_bytes >> 20,
-      gpu.read_passes, gpu.bf16_flops_per_s * 1e-12, gpu.fp8_flops_per_s * 1e-12, gpu.peak_method);
+      gpu.read_passes, gpu.bf16_flops_per_s * 1e-12, gpu.fp8_flops_per_s * 1e-12, gpu.peak_method,
+      gpu.mma_bf16_flops_per_s * 1e-12, gpu.mma_fp8_flops_per_s * 1e-12);
   text += fmt::format(
       "{:<14} {:<10} {:<7} {:>5} {:>5} {:>10} {:>10} {:>4} {:>10} {:>10} {:>7} {:>6} {:>8} "
       "{:<7} {:>8} {}\n",
@@ -94,6 +96,8 @@ std::string GpuReport::json() const {
                 {"read_bandwidth_tbs", gpu.read_bytes_per_s * 1e-12},
                 {"bf16_peak_tflops", gpu.bf16_flops_per_s * 1e-12},
                 {"fp8_peak_tflops", gpu.fp8_flops_per_s * 1e-12},
+                {"mma_bf16_peak_tflops", gpu.mma_bf16_flops_per_s * 1e-12},
+                {"mma_fp8_peak_tflops", gpu.mma_fp8_flops_per_s * 1e-12},
                 {"peak_method", gpu.peak_method}};
   Json list = Json::array();
   for (const GpuCaseResult& r : results) {

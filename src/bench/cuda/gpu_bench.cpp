@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/cuda/cublaslt_peak.hpp"
 #include "bench/cuda/gpu_kernels.hpp"
 #include "bench/gpu_bench.hpp"
 #include "bench/random_layer.hpp"
@@ -420,11 +421,18 @@ GpuCeilings measure_gpu_ceilings(int device, int64_t read_bytes, int passes) {
   g.read_passes = passes;
   g.read_bytes_per_s =
       gpu_read_bandwidth(read_bytes, passes, props.multiProcessorCount, stream.get());
-  g.bf16_flops_per_s = gpu_mma_peak(false, 5, props.multiProcessorCount, stream.get());
-  g.fp8_flops_per_s = gpu_mma_peak(true, 5, props.multiProcessorCount, stream.get());
-  g.peak_method =
-      "mma.sync chains in registers on every SM: the instructions the cuda runner's GEMMs use; "
-      "not cuBLASLt, whose wgmma peak on sm_90 is higher";
+  g.mma_bf16_flops_per_s = gpu_mma_peak(false, 5, props.multiProcessorCount, stream.get());
+  g.mma_fp8_flops_per_s = gpu_mma_peak(true, 5, props.multiProcessorCount, stream.get());
+  const LibraryPeak bf16 = cublaslt_peak(false, 10, stream.get());
+  const LibraryPeak fp8 = cublaslt_peak(true, 10, stream.get());
+  g.bf16_flops_per_s = bf16.flops_per_s > 0 ? bf16.flops_per_s : g.mma_bf16_flops_per_s;
+  g.fp8_flops_per_s = fp8.flops_per_s > 0 ? fp8.flops_per_s : g.mma_fp8_flops_per_s;
+  const auto method = [](const LibraryPeak& peak, const char* dtype) {
+    return peak.flops_per_s > 0
+               ? fmt::format("{}: cuBLASLt 8192^3, median of 10", dtype)
+               : fmt::format("{}: mma.sync chains, cuBLASLt not measured ({})", dtype, peak.why);
+  };
+  g.peak_method = method(bf16, "bf16") + "; " + method(fp8, "fp8");
   return g;
 }
 
