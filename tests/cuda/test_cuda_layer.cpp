@@ -160,7 +160,8 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
   options.form = c.form;
   options.max_tokens = std::max<int64_t>(T, 8);
   const RandomWeights random = RandomWeights::make(spec, DType::bf16, 21);
-  const LayerWeights given = InputScales(spec, 23).attach(random.view(), c.weights);
+  const InputScales input_scales(spec, 23);
+  const LayerWeights given = input_scales.attach(random.view(), c.weights);
   const QuantizedLayerWeights quantized = quantize_layer(given, c.weights);
   const LayerWeights& held = c.weights.quantized() ? quantized.view() : given;
   const Inputs in = random_inputs(spec, T, c.hidden, 22);
