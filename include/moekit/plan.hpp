@@ -54,7 +54,11 @@ struct CudaKernels {
 // How the shared experts run, when the block form computes them apart from the routed ones.
 enum class SharedStrategy { none, after, overlapped };
 
-enum class DispatcherKind { standard };
+enum class DispatcherKind { standard, all_to_all };
+// The communicator a plan's dispatcher exchanges over: none (one process, or ranks whose caller
+// sums), or MPI over the ranks mpirun started.
+enum class CommKind : uint8_t { none, mpi };
+std::string_view comm_name(CommKind kind);
 enum class DispatchFormat { standard };
 enum class RunnerFormat { standard, contiguous };
 std::string_view dispatcher_name(DispatcherKind kind);
@@ -108,7 +112,9 @@ struct Plan {
   std::optional<CudaKernels> cuda_kernels;  // runner cuda only
   std::string stages;                       // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
-  int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute
+  int64_t max_received_tokens = 0;     // the most tokens whose rows this rank's experts compute
+  CommKind comm = CommKind::none;      // a2a mpi, or a2a none summed over the ranks (reduce form)
+  A2AMode a2a_mode = A2AMode::normal;  // the all-to-all dispatcher's mode; never auto_
   int threads = 1;
   std::vector<Decision> decisions;
 

@@ -135,15 +135,34 @@ class MoeLayer::Impl {
 
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& output,
                const RoutingResult* routing, GpuStream stream) {
-    check_forward_arguments(plan_, hidden, logits, output, routing);
-    if (hidden.dim(0) == 0) return;
     ctx_.stream = stream;
+    // Across processes the other ranks wait in this rank's first exchange: a failure before it
+    // is sent to them there (abandon) before it is thrown here.
+    const auto or_abandon = [&](const auto& step) {
+      if (!routed_.collective()) return step();
+      try {
+        return step();
+      } catch (const Error&) {
+        routed_.abandon(ctx_);
+        throw;
+      }
+    };
+    or_abandon([&] { check_forward_arguments(plan_, hidden, logits, output, routing); });
+    // A rank with no tokens still takes part in its exchanges with the others.
+    if (hidden.dim(0) == 0 && !routed_.collective()) return;
     // The workers wake up while this thread checks and routes; GPU stages use none of them.
     if (plan_.options.device.kind == DeviceKind::cpu) ctx_.pool->wake();
-    if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
-    const Routing routed = router_->run(ctx_, hidden, logits, arrays_.router);
+    const Routing routed = or_abandon([&] {
+      if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
+      return router_->run(ctx_, hidden, logits, arrays_.router);
+    });
     if (shared_) shared_->start(ctx_, hidden);
-    routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+    try {
+      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+    } catch (const Error&) {
+      if (shared_) shared_->finish(ctx_);  // joins the overlapped form's thread
+      throw;
+    }
     const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
     output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
     if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);

@@ -22,6 +22,18 @@ std::string_view dispatcher_name(DispatcherKind kind) {
   switch (kind) {
     case DispatcherKind::standard:
       return "standard";
+    case DispatcherKind::all_to_all:
+      return "all-to-all";
+  }
+  return "?";
+}
+
+std::string_view comm_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::none:
+      return "none";
+    case CommKind::mpi:
+      return "mpi";
   }
   return "?";
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "block/stages.hpp"
+#include "comm/communicator.hpp"
 #include "core/names.hpp"
 #include "dispatch/dispatcher.hpp"
 #include "moekit/error.hpp"
@@ -88,6 +89,82 @@ std::optional<std::string> shared_split_problem(const ModelSpec& spec, const Qua
   return std::nullopt;
 }
 
+// Which communicator the plan's dispatcher exchanges over. a2a mpi spans every rank the launcher
+// started; a2a none with ep size > 1 under a launcher sums the ranks' partial outputs over the
+// same communicator (the reduce form), so every rank returns the layer's output.
+void decide_world(Plan& plan) {
+  const Options& o = plan.options;
+  const Platform& w = plan.platform;
+  if (o.comm_timeout_ms < 1) {
+    refuse(fmt::format("comm_timeout_ms={}", o.comm_timeout_ms),
+           "an exchange needs a positive time to wait for the other ranks", "1 ms or more");
+  }
+  const std::string launcher =
+      fmt::format("--ep-size {} --ep-rank {} (the launcher's {} rank(s), this one rank {})",
+                  w.world_size, w.world_rank, w.world_size, w.world_rank);
+  if (o.a2a == A2AKind::mpi) {
+    if (!communicator_built(CommKind::mpi)) {
+      refuse("a2a=mpi", communicator_absent_reason(CommKind::mpi), "a2a none");
+    }
+    if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
+      refuse(fmt::format("a2a=mpi with ep size {} rank {}", o.ep.size, o.ep.rank),
+             fmt::format("the all-to-all spans every rank the launcher started ({}, this one "
+                         "rank {}), so the ep size and rank must be those",
+                         w.world_size, w.world_rank),
+             launcher + fmt::format(", or mpirun -np {} for ep size {}", o.ep.size, o.ep.size));
+    }
+    if (o.device.kind != DeviceKind::cpu) {
+      refuse(fmt::format("a2a=mpi on device={}", o.device.str()),
+             "the MPI communicator moves host memory; device buffers need the nccl communicator, "
+             "which is not built",
+             "device=cpu");
+    }
+    plan.comm = CommKind::mpi;
+    plan.decisions.push_back(
+        {PlanLayer::dispatcher,
+         "communicator",
+         "mpi",
+         fmt::format("a2a mpi: rows go to the ranks that hold their experts, over MPI across {} "
+                     "rank(s); every exchange waits at most {} ms",
+                     w.world_size, o.comm_timeout_ms),
+         {},
+         std::nullopt});
+    return;
+  }
+  if (o.a2a != A2AKind::none || w.world_size == 1 || o.ep.size == 1) return;
+  if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
+    refuse(fmt::format("a2a=none with ep size {} rank {} under a launcher of {} rank(s)", o.ep.size,
+                       o.ep.rank, w.world_size),
+           "the partial outputs are summed over every rank the launcher started, so the ep size "
+           "and rank must be the launcher's",
+           launcher + ", or --ep-size 1 (every rank a whole layer)");
+  }
+  if (!communicator_built(CommKind::mpi) || o.device.kind != DeviceKind::cpu) {
+    plan.decisions.push_back(
+        {PlanLayer::dispatcher,
+         "communicator",
+         "none: the caller sums the ranks' outputs",
+         !communicator_built(CommKind::mpi)
+             ? communicator_absent_reason(CommKind::mpi)
+             : "the MPI communicator moves host memory; summing device outputs needs the nccl "
+               "communicator, which is not built",
+         {},
+         std::nullopt});
+    return;
+  }
+  plan.comm = CommKind::mpi;
+  plan.decisions.push_back(
+      {PlanLayer::dispatcher,
+       "communicator",
+       "mpi: reduce form",
+       fmt::format("a2a none across {} processes: the routed experts' partial sums are summed over "
+                   "MPI in rank order, so every rank returns the layer's output; every exchange "
+                   "waits at most {} ms",
+                   w.world_size, o.comm_timeout_ms),
+       {},
+       std::nullopt});
+}
+
 void decide_block(Plan& plan) {
   const ModelSpec& spec = plan.spec;
   const BlockForm asked = plan.options.form;
@@ -164,23 +241,32 @@ void decide_experts(Plan& plan) {
   if (plan.form == BlockForm::fused_slot) {
     plan.shared_slots =
         spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
-    plan.shared_slot_weight = 1.0f / static_cast<float>(ep.size);
+    const bool own_tokens = plan.options.a2a == A2AKind::mpi;
+    plan.shared_slot_weight = own_tokens ? 1.0f : 1.0f / static_cast<float>(ep.size);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared slots",
          fmt::format("{} slot(s) on every rank", plan.shared_slots),
-         fmt::format("each rank computes the shared experts for every token with weight 1/{}, so "
-                     "the ranks' sum adds them once",
-                     ep.size),
+         own_tokens ? std::string("a2a mpi: each rank computes the shared slots for its own tokens "
+                                  "with weight 1; their rows never leave the rank")
+                    : fmt::format("each rank computes the shared experts for every token with "
+                                  "weight 1/{}, so the ranks' sum adds them once",
+                                  ep.size),
          {},
          std::nullopt});
   } else if (spec.n_shared > 0) {
-    plan.adds_shared_output = ep.rank == 0;
+    const bool every_rank = plan.options.a2a == A2AKind::mpi || plan.comm != CommKind::none;
+    plan.adds_shared_output = every_rank || ep.rank == 0;
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared experts",
          plan.adds_shared_output ? "added on this rank" : "added on rank 0, not here",
-         "every rank sees every token here, so one rank adds the shared output to the sum",
+         plan.options.a2a == A2AKind::mpi
+             ? "a2a mpi: each rank holds its own tokens and adds their shared output"
+         : every_rank
+             ? "reduce form: the routed sum is summed over the ranks first, so each rank adds "
+               "the shared output to the whole sum"
+             : "every rank sees every token here, so one rank adds the shared output to the sum",
          {},
          std::nullopt});
   }
@@ -321,6 +407,7 @@ void decide_dispatcher(Plan& plan) {
   plan.decisions.push_back({PlanLayer::dispatcher, "dispatcher",
                             std::string(dispatcher_name(plan.dispatcher)), c.reason, rejected,
                             std::nullopt});
+  if (entry->decide != nullptr) entry->decide(plan);
 }
 
 // The block's stages for the plan's device, and how the shared experts run in its form.
@@ -418,6 +505,7 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
   plan.threads = options.threads > 0 ? options.threads : platform.cpu_threads;
   plan.decisions.push_back(
       {PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
+  decide_world(plan);
   decide_block(plan);
   decide_experts(plan);
   decide_quant_and_runner(plan);
