@@ -83,6 +83,13 @@ class Communicator {
   virtual bool barrier(const CommStep& step) = 0;
   // Ends every rank's process with `code`.
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // For benchmarks. The bytes this rank has sent to each rank (itself excluded) since it was
+  // made; and the median seconds of the transport's own all-to-all (MPI_Alltoallv for MPI)
+  // sending bytes_to[p] bytes to each rank p, over `repeats` calls after a barrier each: the
+  // floor a dispatcher's exchanges are compared against. Collective: every rank calls it.
+  virtual const std::vector<int64_t>& bytes_sent_to() const = 0;
+  virtual double bare_all_to_all_seconds(const std::vector<int64_t>& bytes_to, int repeats) = 0;
 };
 
 // The process's communicator of `kind` over all the ranks the launcher started, made (and the

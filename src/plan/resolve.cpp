@@ -111,7 +111,8 @@ void decide_world(Plan& plan) {
              fmt::format("the all-to-all spans every rank the launcher started ({}, this one "
                          "rank {}), so the ep size and rank must be those",
                          w.world_size, w.world_rank),
-             launcher + fmt::format(", or mpirun -np {} for ep size {}", o.ep.size, o.ep.size));
+             launcher + fmt::format(", or mpirun -np {} for ep size {}, or a2a none", o.ep.size,
+                                    o.ep.size));
     }
     if (o.device.kind != DeviceKind::cpu) {
       refuse(fmt::format("a2a=mpi on device={}", o.device.str()),

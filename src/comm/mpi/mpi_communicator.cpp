@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -48,6 +49,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     reduce_arrays_ = ExchangeArrays(size_);
+    sent_to_.assign(static_cast<size_t>(size_), 0);
     requests_.resize(static_cast<size_t>(2 * size_));
     statuses_.resize(requests_.size());
     peer_of_.resize(requests_.size());
@@ -85,6 +87,7 @@ class MpiCommunicator final : public Communicator {
                      &requests_[n]),
            p, step);
       peer_of_[n++] = p;
+      sent_to_[p] += bytes;
     }
     const int64_t own = x.send_bytes[rank_];
     if (own > x.recv_capacity[rank_]) {
@@ -124,6 +127,36 @@ class MpiCommunicator final : public Communicator {
       return false;
     }
     return true;
+  }
+
+  const std::vector<int64_t>& bytes_sent_to() const override { return sent_to_; }
+
+  double bare_all_to_all_seconds(const std::vector<int64_t>& bytes_to, int repeats) override {
+    std::vector<int> send_counts(size_), recv_counts(size_), send_displs(size_), recv_displs(size_);
+    for (int p = 0; p < size_; ++p) {
+      send_counts[p] = p == rank_ ? 0 : as_count(bytes_to[p], p, {"bare all-to-all", 0});
+    }
+    MPI_Alltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm_);
+    int64_t sent = 0, received = 0;
+    for (int p = 0; p < size_; ++p) {
+      send_displs[p] = static_cast<int>(sent);
+      recv_displs[p] = static_cast<int>(received);
+      sent += send_counts[p];
+      received += recv_counts[p];
+    }
+    std::vector<char> send(static_cast<size_t>(std::max<int64_t>(sent, 1)), 1);
+    std::vector<char> recv(static_cast<size_t>(std::max<int64_t>(received, 1)));
+    std::vector<double> seconds;
+    for (int r = -1; r < repeats; ++r) {  // one untimed call first
+      MPI_Barrier(comm_);
+      const auto start = std::chrono::steady_clock::now();
+      MPI_Alltoallv(send.data(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(),
+                    recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_);
+      const auto end = std::chrono::steady_clock::now();
+      if (r >= 0) seconds.push_back(std::chrono::duration<double>(end - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return seconds.empty() ? 0.0 : seconds[seconds.size() / 2];
   }
 
   [[noreturn]] void abort(int code) override {
@@ -216,6 +249,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Status> statuses_;
   std::vector<int> peer_of_;  // the rank of each request; -1 for a collective
+  std::vector<int64_t> sent_to_;
   ExchangeArrays reduce_arrays_{0};
 };
 
