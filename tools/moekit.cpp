@@ -129,6 +129,7 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
     // The single-process layer on this rank's tokens: what every rank's output must equal.
     reference_options.a2a = A2AKind::none;
     reference_options.ep = ExpertParallel::Single();
+    reference_options.tp = {};
   }
   MoeLayer reference(resolve(spec, reference_options, platform), given);
   reference.forward(hidden, logits, expected);

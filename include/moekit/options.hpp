@@ -49,6 +49,15 @@ struct ExpertParallel {
   }
 };
 
+// MoE tensor parallelism: rank r of `size` holds columns [r*I/size, (r+1)*I/size) of every
+// routed expert's intermediate dimension (gate/up rows, down columns); the ranks' partial
+// outputs add up to the layer's output. With expert parallelism the launcher's rank is
+// ep.rank * size + rank.
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
+};
+
 struct Options {
   RunnerKind runner = RunnerKind::auto_;
   A2AKind a2a = A2AKind::none;
@@ -56,6 +65,7 @@ struct Options {
   BlockForm form = BlockForm::auto_;
   FusedOps fused_ops = FusedOps::auto_;
   ExpertParallel ep;
+  TensorParallel tp;
   Device device = Device::cpu();
   bool strict = false;        // any fallback is an error
   bool check_finite = true;   // refuse NaN/Inf in router logits and hidden states

@@ -101,6 +101,10 @@ struct Plan {
   int local_routed = 0;  // physical routed experts held by this rank
   int first_local = 0;   // global physical id of local slot 0
   int shared_slots = 0;  // fused_slot form: shared experts appended as local slots
+  // The slice of every routed expert's intermediate dimension this rank holds: [routed_first,
+  // routed_first + routed_intermediate) of I; all of it without tensor parallelism.
+  int64_t routed_intermediate = 0;
+  int64_t routed_first = 0;
   float shared_slot_weight = 1.0f;
   QuantParams quant;  // the weight format and how it is read
   DispatcherKind dispatcher = DispatcherKind::standard;

@@ -208,7 +208,7 @@ class MoeLayer::Impl {
   static ExpertsProblem routed_problem(const Plan& plan) {
     const int columns = plan.spec.routing.top_k + plan.shared_slots;
     return {.hidden = plan.spec.hidden,
-            .intermediate = plan.spec.intermediate,
+            .intermediate = plan.routed_intermediate,
             .activation = plan.spec.activation,
             .slots = plan.local_routed + plan.shared_slots,
             .columns = columns,
@@ -245,6 +245,10 @@ class MoeLayer::Impl {
     for (int slot = 0; slot < plan_.local_routed; ++slot) {
       const int e = plan_.location.physical_to_logical[plan_.first_local + slot];
       const ExpertWeights w = fetch(source.routed(e), I);
+      if (plan_.routed_intermediate != I) {
+        load_slice(slot, w);
+        continue;
+      }
       const ExpertPieces expert = whole_expert(w.w13, w.w2, q, 0, H, I);
       routed_.load(slot, expert.gate, expert.up, expert.down);
     }
@@ -258,6 +262,27 @@ class MoeLayer::Impl {
         shared_->load(s, expert.gate, expert.up, expert.down);
       }
     }
+  }
+
+  // Tensor parallelism: this rank's columns of the expert's I, its gate and up rows and down
+  // columns. Float weights of a quantised format are quantised whole first, so the slice holds
+  // the numbers the whole expert would (resolve() makes the slice whole scale blocks).
+  void load_slice(int slot, const ExpertWeights& weights) {
+    const QuantParams& q = plan_.quant;
+    const int64_t I = plan_.spec.intermediate, H = plan_.spec.hidden;
+    const int64_t first = plan_.routed_first, n = plan_.routed_intermediate;
+    ExpertMatrices w13 = weights.w13, w2 = weights.w2;
+    QuantizedMatrices quantized13, quantized2;
+    if (q.quantized() && is_float_weight(w13.weight.dtype)) {
+      quantized13 = quantize_matrices(w13.weight, 2, q);
+      w13 = quantized13.view();
+    }
+    if (q.quantized() && is_float_weight(w2.weight.dtype)) {
+      quantized2 = quantize_matrices(w2.weight, 1, q);
+      w2 = quantized2.view();
+    }
+    routed_.load(slot, piece(w13, q, 0, I, first, n, 0, H), piece(w13, q, 0, I, I + first, n, 0, H),
+                 piece(w2, q, 0, H, 0, H, first, n));
   }
 
   // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated

@@ -48,6 +48,10 @@ void check_options(const Options& options, const Platform& platform) {
     refuse(fmt::format("max_tokens={}", options.max_tokens),
            "a layer must accept at least one token", "max_tokens >= 1");
   }
+  if (options.tp.size < 1 || options.tp.rank < 0 || options.tp.rank >= options.tp.size) {
+    refuse(fmt::format("tp size {} rank {}", options.tp.size, options.tp.rank),
+           "a tensor-parallel rank is one of [0, size)", "--tp-size N >= 1, --tp-rank in [0, N)");
+  }
   if (options.threads < 0) {
     refuse(fmt::format("threads={}", options.threads), "negative thread count", "0 (all) or more");
   }
@@ -102,6 +106,12 @@ void decide_world(Plan& plan) {
   const std::string launcher =
       fmt::format("--ep-size {} --ep-rank {} (the launcher's {} rank(s), this one rank {})",
                   w.world_size, w.world_rank, w.world_size, w.world_rank);
+  if (o.a2a == A2AKind::mpi && o.tp.size > 1) {
+    refuse(fmt::format("a2a=mpi with tp size {}", o.tp.size),
+           "tensor parallelism under the all-to-all is not built: each token would need its row on "
+           "every slice's rank",
+           "a2a none with --tp-size (and --ep-size), or a2a mpi with --tp-size 1");
+  }
   if (o.a2a == A2AKind::mpi) {
     if (!communicator_built(CommKind::mpi)) {
       refuse("a2a=mpi", communicator_absent_reason(CommKind::mpi), "a2a none");
@@ -132,13 +142,17 @@ void decide_world(Plan& plan) {
          std::nullopt});
     return;
   }
-  if (o.a2a != A2AKind::none || w.world_size == 1 || o.ep.size == 1) return;
-  if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
-    refuse(fmt::format("a2a=none with ep size {} rank {} under a launcher of {} rank(s)", o.ep.size,
-                       o.ep.rank, w.world_size),
-           "the partial outputs are summed over every rank the launcher started, so the ep size "
-           "and rank must be the launcher's",
-           launcher + ", or --ep-size 1 (every rank a whole layer)");
+  const int parts = o.ep.size * o.tp.size;
+  if (o.a2a != A2AKind::none || w.world_size == 1 || parts == 1) return;
+  if (parts != w.world_size || o.ep.rank * o.tp.size + o.tp.rank != w.world_rank) {
+    refuse(fmt::format("a2a=none with ep size {} rank {}, tp size {} rank {} under a launcher of "
+                       "{} rank(s)",
+                       o.ep.size, o.ep.rank, o.tp.size, o.tp.rank, w.world_size),
+           "the partial outputs are summed over every rank the launcher started, so ep size x tp "
+           "size must be their number and ep rank x tp size + tp rank this one's",
+           launcher +
+               ", or --tp-size N --ep-size launcher/N, or --ep-size 1 (every rank a whole "
+               "layer)");
   }
   if (!communicator_built(CommKind::mpi) || o.device.kind != DeviceKind::cpu) {
     plan.decisions.push_back(
@@ -209,6 +223,14 @@ void decide_block(Plan& plan) {
       d.reason = "asked: shared experts computed on a second thread while the routed ones run";
       break;
     case BlockForm::fused_slot:
+      if (plan.options.tp.size > 1) {
+        plan.form = BlockForm::standard;
+        d.choice = "standard";
+        d.reason = fmt::format(
+            "tp size {} splits the routed experts' I; shared slots are not split with them",
+            plan.options.tp.size);
+        return record_fallback(plan, d, "fused-slot");
+      }
       if (!slots_fit) {
         plan.form = BlockForm::standard;
         d.choice = "standard";
@@ -221,6 +243,60 @@ void decide_block(Plan& plan) {
       break;
   }
   plan.decisions.push_back(d);
+}
+
+// Why rank slices of I/tp columns of every routed expert cannot hold this format, if they cannot:
+// a slice must be whole scale blocks (rows of w13, columns of w2), and GEMM2's input must not be
+// quantised with one scale over the whole I.
+std::optional<std::string> tp_split_problem(int64_t I, int tp, const QuantParams& quant) {
+  if (I % tp != 0) return fmt::format("I={} does not divide into {} slices", I, tp);
+  const int64_t slice = I / tp;
+  if (quant.activation == ActivationQuant::fp8_per_token) {
+    return fmt::format(
+        "{} quantises GEMM2's input with one scale per token over the whole I={}; slices of {} "
+        "would each get a scale of their own",
+        weight_format_name(quant.format), I, slice);
+  }
+  for (int64_t block : {quant.block_rows, quant.block_cols}) {
+    if (block > 1 && slice % block != 0) {
+      return fmt::format("slices of I={} / {} = {} would cut the {} format's scale blocks of {}", I,
+                         tp, slice, weight_format_name(quant.format), block);
+    }
+  }
+  return std::nullopt;
+}
+
+// Tensor parallelism: this rank's slice of every routed expert's intermediate dimension.
+void decide_tensor_parallel(Plan& plan) {
+  const TensorParallel& tp = plan.options.tp;
+  const int64_t I = plan.spec.intermediate;
+  plan.routed_intermediate = I;
+  plan.routed_first = 0;
+  if (tp.size == 1) return;
+  if (plan.options.device.kind != DeviceKind::cpu) {
+    refuse(fmt::format("tp size {} on device={}", tp.size, plan.options.device.str()),
+           "tensor parallelism is built for the CPU runners only", "device=cpu, or --tp-size 1");
+  }
+  if (std::optional<std::string> problem = tp_split_problem(I, tp.size, plan.options.weights)) {
+    std::vector<std::string> sizes;
+    for (int n = 2; n <= 8; n *= 2) {
+      if (!tp_split_problem(I, n, plan.options.weights)) sizes.push_back(std::to_string(n));
+    }
+    refuse(fmt::format("tp size {} with weights={}", tp.size, plan.options.weights.name()),
+           *problem, "--tp-size 1" + (sizes.empty() ? "" : " or " + join(sizes)));
+  }
+  plan.routed_intermediate = I / tp.size;
+  plan.routed_first = tp.rank * plan.routed_intermediate;
+  plan.decisions.push_back(
+      {PlanLayer::experts,
+       "tensor parallel",
+       fmt::format("I columns [{}, {}) of every routed expert on tp rank {} of {}",
+                   plan.routed_first, plan.routed_first + plan.routed_intermediate, tp.rank,
+                   tp.size),
+       "gated activations act column by column along I, so each slice's GEMM2 output is a "
+       "partial sum of the layer's; the shared experts are computed whole",
+       {},
+       std::nullopt});
 }
 
 void decide_experts(Plan& plan) {
@@ -257,7 +333,7 @@ void decide_experts(Plan& plan) {
          std::nullopt});
   } else if (spec.n_shared > 0) {
     const bool every_rank = plan.options.a2a == A2AKind::mpi || plan.comm != CommKind::none;
-    plan.adds_shared_output = every_rank || ep.rank == 0;
+    plan.adds_shared_output = every_rank || (ep.rank == 0 && plan.options.tp.rank == 0);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared experts",
@@ -304,7 +380,7 @@ void record_tensors(Plan& plan) {
       bytes += dtype_storage_bytes(t.dtype, t.shape.numel());
     }
   };
-  add("", plan.local_routed + plan.shared_slots, spec.intermediate);
+  add("", plan.local_routed + plan.shared_slots, plan.routed_intermediate);
   if (plan.adds_shared_output) add("shared_", spec.n_shared, spec.shared_intermediate);
   plan.decisions.push_back({PlanLayer::quant,
                             "tensors",
@@ -508,6 +584,7 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
       {PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
   decide_world(plan);
   decide_block(plan);
+  decide_tensor_parallel(plan);
   decide_experts(plan);
   decide_quant_and_runner(plan);
   decide_dispatcher(plan);

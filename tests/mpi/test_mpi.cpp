@@ -208,6 +208,67 @@ std::string reduce_name(const ::testing::TestParamInfo<ReduceCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Reduce, ::testing::ValuesIn(kReduceCases), reduce_name);
 
+// MoE tensor parallelism, alone (tp = ranks) and with expert parallelism (tp 2 x ep ranks/2):
+// every rank sees every token, holds a slice of every routed expert's I (of its experts), and
+// the sum over the ranks is the single-process output.
+struct TensorParallelCase {
+  bool with_ep;
+  WeightFormat format;
+  BlockForm form;
+};
+
+class TensorParallelRanks : public ::testing::TestWithParam<TensorParallelCase> {};
+
+TEST_P(TensorParallelRanks, EveryRankReturnsTheSingleProcessOutput) {
+  const TensorParallelCase& c = GetParam();
+  const Platform platform = world();
+  const int size = platform.world_size, rank = platform.world_rank;
+  if (c.with_ep && size % 2 != 0) GTEST_SKIP() << "tp 2 x ep needs an even number of ranks";
+  ModelSpec spec = small_dsv3();
+  spec.intermediate = 192;  // slices of 96, 64, 48: whole int4 groups of 16
+  spec.shared_intermediate = 192;
+  const RandomWeights weights = RandomWeights::make(spec, DType::f32, 61);
+  const Inputs in = random_inputs(spec, 6, DType::f32, 62);
+  Options options;
+  options.runner = RunnerKind::cpu;
+  options.weights =
+      c.format == WeightFormat::int4_group ? QuantParams::Int4Group(16) : QuantParams(c.format);
+  options.form = c.form;
+  options.max_tokens = 8;
+  options.threads = 1;
+  options.comm_timeout_ms = kTimeoutMs;
+  const LayerRun single = run_plan(resolve(spec, options, platform), weights.view(), in);
+  const int tp = c.with_ep ? 2 : size, ep = size / tp;
+  options.tp = {tp, rank % tp};
+  options.ep = ExpertParallel::Rank(ep, rank / tp, redundant_for(spec, ep, 0));
+  const Plan plan = resolve(spec, options, platform);
+  ASSERT_EQ(plan.comm, CommKind::mpi) << plan.explain();
+  ASSERT_EQ(plan.routed_intermediate * tp, spec.intermediate);
+  const LayerRun run = run_plan(plan, weights.view(), in);
+  EXPECT_LT(relative_l2(run.output, single.output), tolerance(c.format, DType::f32));
+  if (c.format == WeightFormat::f32) {
+    const OracleRouting routing = oracle_routing(spec, weights.view(), in, run);
+    EXPECT_LT(
+        relative_l2(run.output.view(), oracle_output(spec, weights.view(), in.hidden, routing)),
+        1e-5);
+  }
+}
+
+constexpr TensorParallelCase kTensorParallelCases[] = {
+    {false, WeightFormat::f32, BlockForm::standard},
+    {false, WeightFormat::int4_group, BlockForm::overlapped},
+    {true, WeightFormat::f32, BlockForm::standard},
+    {true, WeightFormat::bf16, BlockForm::standard}};
+
+std::string tensor_parallel_name(const ::testing::TestParamInfo<TensorParallelCase>& info) {
+  return identifier(fmt::format("{}_{}_{}", info.param.with_ep ? "tp2_x_ep" : "tp_all",
+                                weight_format_name(info.param.format),
+                                block_form_name(info.param.form)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelRanks, ::testing::ValuesIn(kTensorParallelCases),
+                         tensor_parallel_name);
+
 // Bad input on one rank (NaN router logits on rank 1) is an error on every rank, from the
 // exchange they would have waited in; afterwards the layer runs normally again.
 struct BadInputCase {

@@ -120,6 +120,22 @@ TEST(Resolve, ANoneAcrossProcessesSumsOverTheRanksAndEveryRankAddsTheSharedOutpu
   EXPECT_FALSE(within.adds_shared_output);
 }
 
+TEST(Resolve, ATensorParallelSliceThatCutsScaleBlocksIsRefusedNamingSizesThatFit) {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 256;
+  spec.intermediate = 256;
+  spec.shared_intermediate = 256;
+  Options options;
+  options.weights = QuantParams::Fp8Block(128);
+  options.tp = {4, 1};
+  expect_mentions(refusal(spec, options), {"tp size 4", "scale blocks of 128", "--tp-size 1 or 2"});
+  options.tp = {2, 1};
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  EXPECT_EQ(plan.routed_intermediate, 128);
+  EXPECT_EQ(plan.routed_first, 128);
+  EXPECT_FALSE(plan.adds_shared_output) << "in one process tp rank 0 adds the shared output";
+}
+
 struct BadQuant {
   const char* name;
   QuantParams params;
