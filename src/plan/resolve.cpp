@@ -116,6 +116,12 @@ void decide_world(Plan& plan) {
     if (!communicator_built(CommKind::mpi)) {
       refuse("a2a=mpi", communicator_absent_reason(CommKind::mpi), "a2a none");
     }
+    if (w.world_size == 1) {
+      refuse("a2a=mpi",
+             "the all-to-all exchanges rows between processes, and this one was not started by "
+             "mpirun (a world of 1 rank)",
+             "mpirun -np N moekit ... --a2a mpi --ep-size N, or a2a none");
+    }
     if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
       refuse(fmt::format("a2a=mpi with ep size {} rank {}", o.ep.size, o.ep.rank),
              fmt::format("the all-to-all spans every rank the launcher started ({}, this one "
