@@ -8,9 +8,9 @@
 //   normal:      round 1 carries each peer's row count with the rows' slots and weights (small);
 //                round 2 the rows, of exact sizes, straight into the runner's input in source
 //                rank order.
-//   low-latency: one round: header, rows and pairs in one message into a fixed slot per source
-//                rank, sized by max_tokens; no count round; the rows are then copied out into
-//                the runner's input.
+//   low-latency: one round: header, rows, then pairs, in one message into a fixed slot per
+//                source rank, sized by max_tokens; no count round; the rows are then copied out
+//                into the runner's input.
 // Both then combine in one round: the partial sums go back by the reverse exchange.
 
 #include <algorithm>
@@ -140,11 +140,13 @@ class AllToAllDispatcher final : public Dispatcher {
 
  private:
   struct Arrays {
-    std::byte* send_msg;   // [size][message_capacity()]: round 1 / the one round
-    std::byte* recv_msg;   // the same, from each source rank
-    std::byte* send_rows;  // normal: [size][max_tokens][H] rows per destination
-    std::byte* input;      // [size * max_tokens][H]: the rows the runner reads, by source rank
-    int32_t* in_slots;     // [size * max_tokens][columns]
+    std::byte* send_msg;  // [size][message_capacity()]: round 1 / the one round
+    std::byte* recv_msg;  // the same, from each source rank
+    // normal: [size][max_tokens][H] rows per destination; low-latency: [size][max_tokens]
+    // [columns] pairs per destination, staged until the rows' count places them
+    std::byte* send_rows;
+    std::byte* input;   // [size * max_tokens][H]: the rows the runner reads, by source rank
+    int32_t* in_slots;  // [size * max_tokens][columns]
     float* in_weights;
     float* sums;        // [size * max_tokens][H]: the runner's weighted sums
     float* back;        // [size][max_tokens][H]: this rank's partial sums, from each rank
@@ -157,7 +159,7 @@ class AllToAllDispatcher final : public Dispatcher {
     const bool normal = p_.mode == A2AMode::normal;
     return {c.take<std::byte>(size_ * message_capacity()),
             c.take<std::byte>(size_ * message_capacity()),
-            c.take<std::byte>(normal ? rows * H * kMaxElementBytes : 0),
+            c.take<std::byte>(normal ? rows * H * kMaxElementBytes : pairs_bytes(rows)),
             c.take<std::byte>(rows * H * kMaxElementBytes),
             c.take<int32_t>(rows * p_.columns),
             c.take<float>(rows * p_.columns),
@@ -180,6 +182,11 @@ class AllToAllDispatcher final : public Dispatcher {
         p_.mode == A2AMode::low_latency ? p_.max_tokens * p_.hidden * kMaxElementBytes : 0;
     return round16(static_cast<int64_t>(sizeof(Header)) + rows + pairs_bytes(p_.max_tokens));
   }
+  // Where a message's pairs start: after the header, and in low-latency mode after its rows.
+  int64_t pairs_at(int64_t rows, int64_t row_bytes) const {
+    return static_cast<int64_t>(sizeof(Header)) +
+           (p_.mode == A2AMode::low_latency ? rows * row_bytes : 0);
+  }
   std::byte* message_at(const Arrays& a, int r) const {
     return a.send_msg + r * message_capacity();
   }
@@ -201,8 +208,8 @@ class AllToAllDispatcher final : public Dispatcher {
   }
 
   // Each token's row once per destination rank, with that rank's pairs; in normal mode the rows
-  // go to send_rows and the pairs into round 1's messages, in low-latency mode pairs go there
-  // first and move behind the rows once a destination's row count is known.
+  // go to send_rows and the pairs into round 1's messages; in low-latency mode the rows go into
+  // the message and the pairs to send_rows, to follow the rows once their count is known.
   void pack(const TensorView& hidden, const int32_t* ids, const float* weights, int64_t row_bytes,
             const Arrays& a) {
     std::fill(sent_.begin(), sent_.end(), 0);
@@ -223,23 +230,17 @@ class AllToAllDispatcher final : public Dispatcher {
         if (std::find(a.dest_of, a.dest_of + j, r) != a.dest_of + j) continue;
         const int64_t i = sent_[r]++;
         a.token_of[r * p_.max_tokens + i] = static_cast<int32_t>(t);
-        auto* pairs = reinterpret_cast<Pair*>(message_at(a, r) + sizeof(Header) +
-                                              i * columns * static_cast<int64_t>(sizeof(Pair)));
+        std::byte* pairs_to = low_latency ? a.send_rows + pairs_bytes(r * p_.max_tokens + i)
+                                          : message_at(a, r) + sizeof(Header) + pairs_bytes(i);
+        auto* pairs = reinterpret_cast<Pair*>(pairs_to);
         for (int k = 0; k < columns; ++k) {
           pairs[k] = {a.dest_of[k] == r ? slot_there(id[k]) : -1, weights[t * columns + k]};
         }
-        std::byte* to = low_latency ? message_at(a, r) + low_latency_rows_at(i, row_bytes)
+        std::byte* to = low_latency ? message_at(a, r) + sizeof(Header) + i * row_bytes
                                     : a.send_rows + (r * p_.max_tokens + i) * row_bytes;
         std::memcpy(to, rows + t * row_bytes, static_cast<size_t>(row_bytes));
       }
     }
-  }
-
-  // Low-latency messages: [header][pairs of max_tokens rows][rows]; the pairs' room is fixed so
-  // that the rows' place does not depend on the count.
-  int64_t low_latency_rows_at(int64_t i, int64_t row_bytes) const {
-    return round16(static_cast<int64_t>(sizeof(Header)) + pairs_bytes(p_.max_tokens)) +
-           i * row_bytes;
   }
 
   void exchange_normal(const ExecContext& ctx, int64_t row_bytes, const Arrays& a) {
@@ -252,7 +253,7 @@ class AllToAllDispatcher final : public Dispatcher {
       arrays_.recv_capacity[r] = capacity;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
-    read_headers(a, /*with_rows=*/false, row_bytes);
+    read_headers(a, row_bytes);
     for (int r = 0; r < size_; ++r) {
       arrays_.send_offsets[r] = r * p_.max_tokens * row_bytes;
       arrays_.send_bytes[r] = sent_[r] * row_bytes;
@@ -260,33 +261,34 @@ class AllToAllDispatcher final : public Dispatcher {
       arrays_.recv_capacity[r] = got_[r] * row_bytes;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_rows, a.input), step("dispatch: rows"));
-    unpack_pairs(a);
+    unpack_pairs(a, row_bytes);
   }
 
   void exchange_low_latency(const ExecContext& ctx, int64_t row_bytes, const Arrays& a) {
     const int64_t capacity = message_capacity();
     for (int r = 0; r < size_; ++r) {
       write_header(message_at(a, r), kOk, sent_[r], dtype_);
+      std::memcpy(message_at(a, r) + pairs_at(sent_[r], row_bytes),
+                  a.send_rows + pairs_bytes(r * p_.max_tokens),
+                  static_cast<size_t>(pairs_bytes(sent_[r])));
       arrays_.send_offsets[r] = r * capacity;
-      arrays_.send_bytes[r] = sent_[r] == 0 ? static_cast<int64_t>(sizeof(Header))
-                                            : low_latency_rows_at(sent_[r], row_bytes);
+      arrays_.send_bytes[r] = pairs_at(sent_[r], row_bytes) + pairs_bytes(sent_[r]);
       arrays_.recv_offsets[r] = r * capacity;
       arrays_.recv_capacity[r] = capacity;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
-    read_headers(a, /*with_rows=*/true, row_bytes);
+    read_headers(a, row_bytes);
     for (int r = 0; r < size_; ++r) {
       if (got_[r] == 0) continue;
-      std::memcpy(a.input + got_offset_[r] * row_bytes,
-                  a.recv_msg + r * capacity + low_latency_rows_at(0, row_bytes),
+      std::memcpy(a.input + got_offset_[r] * row_bytes, a.recv_msg + r * capacity + sizeof(Header),
                   static_cast<size_t>(got_[r] * row_bytes));
     }
-    unpack_pairs(a);
+    unpack_pairs(a, row_bytes);
   }
 
   // What each source rank said it sends: a failure, or a row count this rank has room for, in
   // this rank's dtype; then where its rows go in the runner's input.
-  void read_headers(const Arrays& a, bool with_rows, int64_t row_bytes) {
+  void read_headers(const Arrays& a, int64_t row_bytes) {
     int64_t offset = 0;
     std::string failed;
     for (int r = 0; r < size_; ++r) {
@@ -300,11 +302,8 @@ class AllToAllDispatcher final : public Dispatcher {
         failed += (failed.empty() ? "" : ", ") + std::to_string(r);
         continue;
       }
-      const int64_t expected = static_cast<int64_t>(sizeof(Header)) + pairs_bytes(h.rows);
       if (h.status != kOk || h.rows < 0 || h.rows > p_.max_tokens ||
-          (!with_rows && arrays_.received[r] != expected) ||
-          (with_rows && h.rows > 0 &&
-           arrays_.received[r] != low_latency_rows_at(h.rows, row_bytes))) {
+          arrays_.received[r] != pairs_at(h.rows, row_bytes) + pairs_bytes(h.rows)) {
         fail(Errc::comm, "rank {}: rank {} sent a malformed message in step '{}'", me_, r,
              first_step().name);
       }
@@ -328,16 +327,17 @@ class AllToAllDispatcher final : public Dispatcher {
 
   // The pairs of every received row into the runner's (slot, weight) arrays, checked: a slot must
   // be one of this rank's.
-  void unpack_pairs(const Arrays& a) {
+  void unpack_pairs(const Arrays& a, int64_t row_bytes) {
     const int columns = p_.columns;
     const int slots = static_cast<int>(std::count_if(
         p_.global_to_local.begin(), p_.global_to_local.end(), [](int32_t s) { return s >= 0; }));
     for (int r = 0; r < size_; ++r) {
-      const auto* pairs =
-          reinterpret_cast<const Pair*>(a.recv_msg + r * message_capacity() + sizeof(Header));
+      // Behind rows of an odd count of 16-bit values the pairs are not 4-byte aligned.
+      const std::byte* pairs = a.recv_msg + r * message_capacity() + pairs_at(got_[r], row_bytes);
       const int64_t first = got_offset_[r] * columns;
       for (int64_t e = 0; e < got_[r] * columns; ++e) {
-        const Pair pair = pairs[e];
+        Pair pair;
+        std::memcpy(&pair, pairs + e * static_cast<int64_t>(sizeof(Pair)), sizeof pair);
         if (pair.slot < -1 || pair.slot >= slots) {
           fail(Errc::comm, "rank {}: rank {} sent expert slot {}, not one of this rank's {}", me_,
                r, pair.slot, slots);
