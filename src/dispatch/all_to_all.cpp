@@ -110,19 +110,10 @@ class AllToAllDispatcher final : public Dispatcher {
       arrays_.recv_capacity[r] = sent_[r] * row;
     }
     comm_.all_to_all(ctx, arrays_.view(a.sums, a.back), step("combine: partial sums"));
-    // Each element adds its ranks' parts in rank order, whatever order they arrived in.
-    const int64_t T = tokens_;
-    ctx.threads().parallel_for(H, [&](int64_t h0, int64_t h1) {
-      const auto n = static_cast<size_t>(h1 - h0);
-      for (int64_t t = 0; t < T; ++t) std::fill_n(combined + t * H + h0, n, 0.0f);
-      for (int r = 0; r < size_; ++r) {
-        for (int64_t i = 0; i < sent_[r]; ++i) {
-          const float* part = a.back + (r * p_.max_tokens + i) * H;
-          float* out = combined + static_cast<int64_t>(a.token_of[r * p_.max_tokens + i]) * H;
-          for (int64_t h = h0; h < h1; ++h) out[h] += part[h];
-        }
-      }
-    });
+    // Each element adds its ranks' parts in rank order, whatever order they arrived in. The
+    // loop's lambda holds one pointer, which std::function stores without allocating.
+    const Sum sum{a.back, a.token_of, sent_.data(), combined, H, tokens_, p_.max_tokens, size_};
+    ctx.threads().parallel_for(H, [&sum](int64_t h0, int64_t h1) { sum.columns(h0, h1); });
   }
 
   void abandon(const ExecContext& ctx, void* scratch) override {
@@ -347,6 +338,28 @@ class AllToAllDispatcher final : public Dispatcher {
       }
     }
   }
+
+  // combine()'s sum over columns [h0, h1) of every token.
+  struct Sum {
+    const float* back;
+    const int32_t* token_of;
+    const int64_t* sent;
+    float* combined;
+    int64_t H, tokens, max_tokens;
+    int size;
+
+    void columns(int64_t h0, int64_t h1) const {
+      const auto n = static_cast<size_t>(h1 - h0);
+      for (int64_t t = 0; t < tokens; ++t) std::fill_n(combined + t * H + h0, n, 0.0f);
+      for (int r = 0; r < size; ++r) {
+        for (int64_t i = 0; i < sent[r]; ++i) {
+          const float* part = back + (r * max_tokens + i) * H;
+          float* out = combined + static_cast<int64_t>(token_of[r * max_tokens + i]) * H;
+          for (int64_t h = h0; h < h1; ++h) out[h] += part[h];
+        }
+      }
+    }
+  };
 
   DispatcherProblem p_;
   Communicator& comm_;

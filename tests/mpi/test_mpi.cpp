@@ -10,13 +10,18 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/thread_pool.hpp"
+#include "dispatch/dispatcher.hpp"
 #include "moekit/error.hpp"
 #include "support/layer_fixture.hpp"
+
+#include "mpi/allocations.hpp"
 
 namespace moekit::test {
 namespace {
@@ -268,6 +273,112 @@ std::string tensor_parallel_name(const ::testing::TestParamInfo<TensorParallelCa
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelRanks, ::testing::ValuesIn(kTensorParallelCases),
                          tensor_parallel_name);
+
+// The world communicator with its exchanges counted.
+class CountedExchanges final : public Communicator {
+ public:
+  explicit CountedExchanges(Communicator& world) : world_(world) {}
+  int rank() const override { return world_.rank(); }
+  int size() const override { return world_.size(); }
+  std::string_view name() const override { return world_.name(); }
+  DeviceKind buffers() const override { return world_.buffers(); }
+  void all_to_all(const ExecContext& ctx, const Exchange& x, const CommStep& step) override {
+    ++exchanges;
+    world_.all_to_all(ctx, x, step);
+  }
+  void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
+                      const CommStep& step) override {
+    world_.all_reduce_sum(ctx, data, count, scratch, step);
+  }
+  int64_t all_reduce_scratch(int64_t count) const override {
+    return world_.all_reduce_scratch(count);
+  }
+  bool barrier(const CommStep& step) override { return world_.barrier(step); }
+  [[noreturn]] void abort(int code) override {
+    world_.abort(code);
+    std::_Exit(code);
+  }
+  const std::vector<int64_t>& bytes_sent_to() const override { return world_.bytes_sent_to(); }
+  double bare_all_to_all_seconds(const std::vector<int64_t>& bytes_to, int repeats) override {
+    return world_.bare_all_to_all_seconds(bytes_to, repeats);
+  }
+
+  int exchanges = 0;
+
+ private:
+  Communicator& world_;
+};
+
+struct ModeCost {
+  A2AMode mode;
+  int exchanges;  // dispatch and combine together
+};
+
+class AllToAllCalls : public ::testing::TestWithParam<ModeCost> {};
+
+// Low-latency: one exchange to dispatch (no count round), one to combine; normal: counts, rows,
+// combine. Neither allocates once built.
+TEST_P(AllToAllCalls, ExchangeOnlyTheirRoundsAndAllocateNothing) {
+  const ModeCost& c = GetParam();
+  const Platform platform = world();
+  const int size = platform.world_size, rank = platform.world_rank;
+  const ModelSpec spec = small_dsv3();
+  Options options;
+  options.runner = RunnerKind::cpu;
+  options.a2a = A2AKind::mpi;
+  options.a2a_mode = c.mode;
+  options.max_tokens = 8;
+  options.threads = 1;
+  options.comm_timeout_ms = kTimeoutMs;
+  options.ep = ExpertParallel::Rank(size, rank, redundant_for(spec, size, 0));
+  const Plan plan = resolve(spec, options, platform);
+  CountedExchanges comm(world_communicator(CommKind::mpi));
+  std::vector<int32_t> global_to_local(static_cast<size_t>(plan.location.physical), -1);
+  for (int s = 0; s < plan.local_routed; ++s) global_to_local[plan.first_local + s] = s;
+  const int columns = spec.routing.top_k;
+  std::unique_ptr<Dispatcher> dispatcher =
+      find_dispatcher(A2AKind::mpi)
+          ->create({.hidden = spec.hidden,
+                    .columns = columns,
+                    .max_tokens = 8,
+                    .max_received_tokens = plan.max_received_tokens,
+                    .global_to_local = std::move(global_to_local),
+                    .comm = &comm,
+                    .timeout_ms = kTimeoutMs,
+                    .mode = plan.a2a_mode,
+                    .physical = plan.location.physical,
+                    .per_rank = plan.location.per_rank()});
+  Buffer scratch = Buffer::allocate(Device::cpu(), dispatcher->scratch_bytes());
+  const ExecContext ctx{.device = Device::cpu(), .pool = &ThreadPool::shared(1)};
+  const Inputs in = random_inputs(spec, tokens_of(rank) % 9, DType::bf16, 70);
+  const int64_t T = in.hidden.view().dim(0);
+  std::vector<int32_t> ids(static_cast<size_t>(T * columns));
+  for (size_t e = 0; e < ids.size(); ++e) {
+    ids[e] = static_cast<int32_t>((e * 7 + static_cast<size_t>(rank)) % plan.location.physical);
+  }
+  const std::vector<float> weights(ids.size(), 0.25f);
+  std::vector<float> combined(static_cast<size_t>(T * spec.hidden));
+  const auto call = [&] {
+    const DispatchOutput out = dispatcher->dispatch(
+        ctx, in.hidden.view(), ids.data(), weights.data(), combined.data(), scratch.data());
+    dispatcher->combine(ctx, out, combined.data(), scratch.data());
+  };
+  call();  // the first call may start the thread pool's workers
+  comm.exchanges = 0;
+  const int64_t before = allocations_so_far();
+  call();
+  const int64_t allocations = allocations_so_far() - before;
+  EXPECT_EQ(comm.exchanges, c.exchanges);
+  EXPECT_EQ(allocations, 0);
+}
+
+constexpr ModeCost kModeCosts[] = {{A2AMode::low_latency, 2}, {A2AMode::normal, 3}};
+
+std::string mode_cost_name(const ::testing::TestParamInfo<ModeCost>& info) {
+  return identifier(std::string(a2a_mode_name(info.param.mode)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCalls, ::testing::ValuesIn(kModeCosts), mode_cost_name);
 
 // Bad input on one rank (NaN router logits on rank 1) is an error on every rank, from the
 // exchange they would have waited in; afterwards the layer runs normally again.
