@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev clang-format clang
-  libclang-rt-14-dev)
+  libclang-rt-14-dev openmpi-bin libopenmpi-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/a2a.hpp"
 #include "bench/bench.hpp"
 #include "bench/gpu_bench.hpp"
 #include "commands.hpp"
@@ -178,11 +179,32 @@ int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& case
   return report.refusals.empty() ? 0 : kExitRefused;
 }
 
+// --a2a mpi: the dispatcher's exchanges on every rank against a bare MPI_Alltoallv of the same
+// bytes, on the demo layer's sizes or a custom case's.
+int run_a2a_bench(const BenchFlags& f) {
+  const Platform platform = Platform::probe();
+  ModelSpec spec = ModelSpec::demo();
+  if (f.experts || f.top_k || f.hidden || f.intermediate) {
+    const std::vector<bench::BenchCase> custom = chosen_cases(f);
+    spec = custom.front().spec;
+  }
+  Options options = f.plan.options();
+  options.ep = ExpertParallel::Rank(platform.world_size, platform.world_rank);
+  options.runner = RunnerKind::cpu;
+  const std::vector<int64_t> tokens =
+      f.tokens ? bench::parse_token_list(*f.tokens) : std::vector<int64_t>{16, 256};
+  const std::string report =
+      bench::run_a2a_bench(spec, options, platform, tokens, f.settings.repeats, f.settings.seed);
+  std::printf("%s", report.c_str());
+  return 0;
+}
+
 int run_bench(const BenchFlags& f) {
   if (f.list) {
     std::printf("%s", list_cases().c_str());
     return 0;
   }
+  if (f.plan.a2a == "mpi") return run_a2a_bench(f);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<bench::BenchCase> cases = chosen_cases(f);
   bench::BenchSettings settings = f.settings;
@@ -268,6 +290,17 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   bench->add_option("--fused-ops", f->plan.fused_ops, "auto or off")->capture_default_str();
   bench->add_option("--threads", f->plan.threads, "CPU threads, 0 = all")->capture_default_str();
+  bench
+      ->add_option("--a2a", f->plan.a2a,
+                   "none (the layers), or mpi: the dispatcher's exchanges on every rank of "
+                   "mpirun against a bare MPI_Alltoallv")
+      ->capture_default_str();
+  bench->add_option("--a2a-mode", f->plan.a2a_mode, "a2a mpi: auto, normal, low-latency")
+      ->capture_default_str();
+  bench
+      ->add_option("--comm-timeout", f->plan.comm_timeout_s,
+                   "a2a mpi: seconds any exchange may wait")
+      ->capture_default_str();
   bench->add_option("--routing", f->routing, "uniform, or skewed: a few hot experts per repeat")
       ->capture_default_str();
   bench->add_option("--repeats", f->settings.repeats, "timed runs per case and T")

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/gpu_bench.hpp"
+#include "comm/communicator.hpp"
 #include "commands.hpp"
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
@@ -109,7 +110,10 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
 
   const RandomWeights weights =
       RandomWeights::make(spec, random_weights_dtype(plan.quant.format), 2024);
-  std::mt19937_64 rng(7);
+  // Across processes every rank has the same weights and tokens of its own.
+  const bool ranks = plan.comm != CommKind::none;
+  const int rank = plan.options.ep.rank;
+  std::mt19937_64 rng(7 + static_cast<uint64_t>(plan.options.a2a == A2AKind::mpi ? rank : 0));
   const Tensor hidden = random_tensor({tokens, spec.hidden}, DType::bf16, rng);
   const Tensor logits = random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f);
   Tensor output = Tensor::empty(DType::bf16, {tokens, spec.hidden});
@@ -121,6 +125,12 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   reference_options.runner = RunnerKind::reference;
   reference_options.form = BlockForm::standard;
   reference_options.device = Device::cpu();  // the reference runs on the host's copy
+  if (ranks) {
+    // The single-process layer on this rank's tokens: what every rank's output must equal.
+    reference_options.a2a = A2AKind::none;
+    reference_options.ep = ExpertParallel::Single();
+    reference_options.tp = {};
+  }
   MoeLayer reference(resolve(spec, reference_options, platform), given);
   reference.forward(hidden, logits, expected);
   if (plan.quant.quantized()) {
@@ -146,11 +156,13 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
 
                        static_cast<double>(spec.hidden);
   const bool ok = error < 2e-2;  // bf16 output: a few ulps of bf16 on the sum
+  const std::string who = ranks ? fmt::format("rank {} of {}: ", rank, plan.options.ep.size) : "";
   std::printf(
-      "result: %lld tokens, relative L2 error vs reference %.2e (%s, bf16 tolerance 2e-2)\n",
-      static_cast<long long>(tokens), error, ok ? "ok" : "FAILED");
-  std::printf("speed:  %.3f ms per forward (median of %d, %s), %.0f tokens/s, %.1f GFLOP/s\n",
-              time * 1e3, repeats,
+      "%sresult: %lld tokens, relative L2 error vs %sreference %.2e (%s, bf16 tolerance 2e-2)\n",
+      who.c_str(), static_cast<long long>(tokens), ranks ? "the single-process " : "", error,
+      ok ? "ok" : "FAILED");
+  std::printf("%sspeed:  %.3f ms per forward (median of %d, %s), %.0f tokens/s, %.1f GFLOP/s\n",
+              who.c_str(), time * 1e3, repeats,
               plan.options.device.kind == DeviceKind::cpu ? "wall clock" : "CUDA events",
               static_cast<double>(tokens) / time, flops / time * 1e-9);
   return ok ? 0 : kExitError;
@@ -205,6 +217,17 @@ int run_matrix(const PlanFlags& flags) {
   return 0;
 }
 
+// A failing rank of several must not leave the others waiting: if they do not all reach this
+// barrier in time (they are not failing with it), every rank is ended with the exit code.
+int failed_with(int code) {
+  std::fflush(stderr);
+  std::fflush(stdout);
+  if (Communicator* comm = active_world_communicator()) {
+    if (!comm->barrier({"every rank fails together", 3000})) comm->abort(code);
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,9 +277,9 @@ int main(int argc, char** argv) {
     return run_matrix(flags);
   } catch (const Error& e) {
     std::fprintf(stderr, "moekit: %s\n", e.what());
-    return e.code() == Errc::config_refused ? kExitRefused : kExitError;
+    return failed_with(e.code() == Errc::config_refused ? kExitRefused : kExitError);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moekit: %s\n", e.what());
-    return kExitError;
+    return failed_with(kExitError);
   }
 }

@@ -2,6 +2,7 @@
 // The flags every subcommand that plans a layer shares, and how the moekit command's
 // subcommands are put together.
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
@@ -29,7 +30,11 @@ struct PlanFlags {
   std::string device = "cpu";
   std::string fused_ops = "auto";
   int ep_size = 1;
-  int ep_rank = 0;
+  std::optional<int> ep_rank;  // from the launcher's rank when absent
+  int tp_size = 1;
+  std::optional<int> tp_rank;  // from the launcher's rank when absent
+  std::string a2a_mode = "auto";
+  double comm_timeout_s = 30.0;
   int redundant = 0;
   int64_t max_tokens = 4096;
   int threads = 0;
@@ -70,7 +75,17 @@ struct PlanFlags {
     app.add_option("--form", form, "block form: auto, standard, overlapped, fused-slot")
         ->capture_default_str();
     app.add_option("--ep-size", ep_size, "expert-parallel ranks")->capture_default_str();
-    app.add_option("--ep-rank", ep_rank, "this rank")->capture_default_str();
+    app.add_option("--ep-rank", ep_rank, "this rank (default: mpirun's rank, else 0)");
+    app.add_option("--tp-size", tp_size, "MoE tensor-parallel ranks (slices of every expert's I)")
+        ->capture_default_str();
+    app.add_option("--tp-rank", tp_rank,
+                   "this tensor-parallel rank (default: mpirun's rank modulo --tp-size)");
+    app.add_option("--a2a-mode", a2a_mode, "a2a mpi: auto, normal (prefill), low-latency (decode)")
+        ->capture_default_str();
+    app.add_option("--comm-timeout", comm_timeout_s,
+                   "seconds any exchange with the other ranks may wait")
+        ->capture_default_str()
+        ->check(CLI::Range(0.001, 86400.0));
     app.add_option("--redundant", redundant, "redundant expert replicas")->capture_default_str();
     app.add_option("--device", device, "cpu, cuda, cuda:N")->capture_default_str();
     app.add_option("--fused-ops", fused_ops, "auto or off")->capture_default_str();
@@ -167,7 +182,13 @@ struct PlanFlags {
       fail(Errc::invalid_argument, "--fused-ops '{}' is not auto or off", fused_ops);
     }
     o.fused_ops = fused_ops == "off" ? FusedOps::off : FusedOps::auto_;
-    o.ep = ExpertParallel::Rank(ep_size, ep_rank, redundant);
+    // Under mpirun the launcher's rank is ep rank x tp size + tp rank.
+    const int launcher_rank = ep_size > 1 || tp_size > 1 ? Platform::probe().world_rank : 0;
+    const int tp = std::max(1, tp_size);
+    o.tp = {tp_size, tp_rank.value_or(launcher_rank % tp)};
+    o.ep = ExpertParallel::Rank(ep_size, ep_rank.value_or(launcher_rank / tp), redundant);
+    o.a2a_mode = parse(parse_a2a_mode(a2a_mode), "--a2a-mode", a2a_mode);
+    o.comm_timeout_ms = static_cast<int64_t>(comm_timeout_s * 1000.0);
     o.device = Device::parse(device);
     o.strict = strict;
     o.max_tokens = max_tokens;

@@ -14,6 +14,7 @@ enum class Errc {
   out_of_memory,     // an allocation failed
   io,                // a file could not be read or written
   internal,          // a broken invariant inside moekit: a bug
+  comm,              // another rank failed, died or did not answer in time
 };
 
 const char* errc_name(Errc code);

@@ -17,6 +17,9 @@ enum class RunnerKind { auto_, reference, cpu, cuda, hopper };
 enum class A2AKind { none, mpi, nccl };
 enum class BlockForm { auto_, standard, overlapped, fused_slot };
 enum class FusedOps { auto_, off };
+// How the all-to-all dispatchers exchange rows (docs/EXPERT_PARALLEL.md): normal (a round of
+// counts, then rows of exact sizes; prefill) or low-latency (one round into fixed slots; decode).
+enum class A2AMode { auto_, normal, low_latency };
 
 std::string_view runner_name(RunnerKind kind);
 std::optional<RunnerKind> parse_runner(std::string_view name);
@@ -24,6 +27,8 @@ std::string_view a2a_name(A2AKind kind);
 std::optional<A2AKind> parse_a2a(std::string_view name);
 std::string_view block_form_name(BlockForm form);
 std::optional<BlockForm> parse_block_form(std::string_view name);
+std::string_view a2a_mode_name(A2AMode mode);
+std::optional<A2AMode> parse_a2a_mode(std::string_view name);
 
 inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference,
                                              RunnerKind::cpu, RunnerKind::cuda, RunnerKind::hopper};
@@ -44,6 +49,15 @@ struct ExpertParallel {
   }
 };
 
+// MoE tensor parallelism: rank r of `size` holds columns [r*I/size, (r+1)*I/size) of every
+// routed expert's intermediate dimension (gate/up rows, down columns); the ranks' partial
+// outputs add up to the layer's output. With expert parallelism the launcher's rank is
+// ep.rank * size + rank.
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
+};
+
 struct Options {
   RunnerKind runner = RunnerKind::auto_;
   A2AKind a2a = A2AKind::none;
@@ -51,11 +65,16 @@ struct Options {
   BlockForm form = BlockForm::auto_;
   FusedOps fused_ops = FusedOps::auto_;
   ExpertParallel ep;
+  TensorParallel tp;
   Device device = Device::cpu();
   bool strict = false;        // any fallback is an error
   bool check_finite = true;   // refuse NaN/Inf in router logits and hidden states
   int64_t max_tokens = 4096;  // the largest batch forward() accepts; sizes scratch memory
   int threads = 0;            // CPU threads; 0 = all hardware threads
+  A2AMode a2a_mode = A2AMode::auto_;
+  // How long any exchange with the other ranks may wait before it fails naming the rank and the
+  // step it waited for.
+  int64_t comm_timeout_ms = 30000;
 };
 
 }  // namespace moekit

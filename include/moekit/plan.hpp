@@ -54,7 +54,11 @@ struct CudaKernels {
 // How the shared experts run, when the block form computes them apart from the routed ones.
 enum class SharedStrategy { none, after, overlapped };
 
-enum class DispatcherKind { standard };
+enum class DispatcherKind { standard, all_to_all };
+// The communicator a plan's dispatcher exchanges over: none (one process, or ranks whose caller
+// sums), or MPI over the ranks mpirun started.
+enum class CommKind : uint8_t { none, mpi };
+std::string_view comm_name(CommKind kind);
 enum class DispatchFormat { standard };
 enum class RunnerFormat { standard, contiguous };
 std::string_view dispatcher_name(DispatcherKind kind);
@@ -97,6 +101,10 @@ struct Plan {
   int local_routed = 0;  // physical routed experts held by this rank
   int first_local = 0;   // global physical id of local slot 0
   int shared_slots = 0;  // fused_slot form: shared experts appended as local slots
+  // The slice of every routed expert's intermediate dimension this rank holds: [routed_first,
+  // routed_first + routed_intermediate) of I; all of it without tensor parallelism.
+  int64_t routed_intermediate = 0;
+  int64_t routed_first = 0;
   float shared_slot_weight = 1.0f;
   QuantParams quant;  // the weight format and how it is read
   DispatcherKind dispatcher = DispatcherKind::standard;
@@ -108,7 +116,9 @@ struct Plan {
   std::optional<CudaKernels> cuda_kernels;  // runner cuda only
   std::string stages;                       // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
-  int64_t max_received_tokens = 0;  // the most tokens whose rows this rank's experts compute
+  int64_t max_received_tokens = 0;     // the most tokens whose rows this rank's experts compute
+  CommKind comm = CommKind::none;      // a2a mpi, or a2a none summed over the ranks (reduce form)
+  A2AMode a2a_mode = A2AMode::normal;  // the all-to-all dispatcher's mode; never auto_
   int threads = 1;
   std::vector<Decision> decisions;
 

@@ -35,6 +35,10 @@ struct Platform {
   // Why `gpus` is empty in a build with a CUDA runtime (the runtime's answer: no driver, no
   // device); empty otherwise.
   std::string gpu_note;
+  // The ranks the launcher started (mpirun's environment; 1 and 0 outside one). resolve() needs
+  // them for a2a mpi and for summing a2a none's partial outputs across processes.
+  int world_size = 1;
+  int world_rank = 0;
 
   static Platform probe();
   static Platform cpu_only(int threads);

@@ -135,15 +135,34 @@ class MoeLayer::Impl {
 
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& output,
                const RoutingResult* routing, GpuStream stream) {
-    check_forward_arguments(plan_, hidden, logits, output, routing);
-    if (hidden.dim(0) == 0) return;
     ctx_.stream = stream;
+    // Across processes the other ranks wait in this rank's first exchange: a failure before it
+    // is sent to them there (abandon) before it is thrown here.
+    const auto or_abandon = [&](const auto& step) {
+      if (!routed_.collective()) return step();
+      try {
+        return step();
+      } catch (const Error&) {
+        routed_.abandon(ctx_);
+        throw;
+      }
+    };
+    or_abandon([&] { check_forward_arguments(plan_, hidden, logits, output, routing); });
+    // A rank with no tokens still takes part in its exchanges with the others.
+    if (hidden.dim(0) == 0 && !routed_.collective()) return;
     // The workers wake up while this thread checks and routes; GPU stages use none of them.
     if (plan_.options.device.kind == DeviceKind::cpu) ctx_.pool->wake();
-    if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
-    const Routing routed = router_->run(ctx_, hidden, logits, arrays_.router);
+    const Routing routed = or_abandon([&] {
+      if (checks_) checks_->run(ctx_, hidden, logits, arrays_.checks);
+      return router_->run(ctx_, hidden, logits, arrays_.router);
+    });
     if (shared_) shared_->start(ctx_, hidden);
-    routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+    try {
+      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+    } catch (const Error&) {
+      if (shared_) shared_->finish(ctx_);  // joins the overlapped form's thread
+      throw;
+    }
     const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
     output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
     if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);
@@ -189,7 +208,7 @@ class MoeLayer::Impl {
   static ExpertsProblem routed_problem(const Plan& plan) {
     const int columns = plan.spec.routing.top_k + plan.shared_slots;
     return {.hidden = plan.spec.hidden,
-            .intermediate = plan.spec.intermediate,
+            .intermediate = plan.routed_intermediate,
             .activation = plan.spec.activation,
             .slots = plan.local_routed + plan.shared_slots,
             .columns = columns,
@@ -226,6 +245,10 @@ class MoeLayer::Impl {
     for (int slot = 0; slot < plan_.local_routed; ++slot) {
       const int e = plan_.location.physical_to_logical[plan_.first_local + slot];
       const ExpertWeights w = fetch(source.routed(e), I);
+      if (plan_.routed_intermediate != I) {
+        load_slice(slot, w);
+        continue;
+      }
       const ExpertPieces expert = whole_expert(w.w13, w.w2, q, 0, H, I);
       routed_.load(slot, expert.gate, expert.up, expert.down);
     }
@@ -239,6 +262,27 @@ class MoeLayer::Impl {
         shared_->load(s, expert.gate, expert.up, expert.down);
       }
     }
+  }
+
+  // Tensor parallelism: this rank's columns of the expert's I, its gate and up rows and down
+  // columns. Float weights of a quantised format are quantised whole first, so the slice holds
+  // the numbers the whole expert would (resolve() makes the slice whole scale blocks).
+  void load_slice(int slot, const ExpertWeights& weights) {
+    const QuantParams& q = plan_.quant;
+    const int64_t I = plan_.spec.intermediate, H = plan_.spec.hidden;
+    const int64_t first = plan_.routed_first, n = plan_.routed_intermediate;
+    ExpertMatrices w13 = weights.w13, w2 = weights.w2;
+    QuantizedMatrices quantized13, quantized2;
+    if (q.quantized() && is_float_weight(w13.weight.dtype)) {
+      quantized13 = quantize_matrices(w13.weight, 2, q);
+      w13 = quantized13.view();
+    }
+    if (q.quantized() && is_float_weight(w2.weight.dtype)) {
+      quantized2 = quantize_matrices(w2.weight, 1, q);
+      w2 = quantized2.view();
+    }
+    routed_.load(slot, piece(w13, q, 0, I, first, n, 0, H), piece(w13, q, 0, I, I + first, n, 0, H),
+                 piece(w2, q, 0, H, 0, H, first, n));
   }
 
   // A shared expert of intermediate m*I is the sum of m experts of intermediate I: gated

@@ -14,6 +14,8 @@ const char* errc_name(Errc code) {
       return "i/o error";
     case Errc::internal:
       return "internal error";
+    case Errc::comm:
+      return "communication failed";
   }
   return "error";
 }

@@ -17,8 +17,17 @@ constexpr NameTable<BlockForm, 4> kBlockForms = {{BlockForm::auto_, "auto"},
                                                  {BlockForm::overlapped, "overlapped"},
                                                  {BlockForm::fused_slot, "fused-slot"}};
 
+constexpr NameTable<A2AMode, 3> kA2AModes = {
+    {A2AMode::auto_, "auto"}, {A2AMode::normal, "normal"}, {A2AMode::low_latency, "low-latency"}};
+
 }  // namespace
 
+std::string_view a2a_mode_name(A2AMode mode) {
+  return name_of(mode, kA2AModes);
+}
+std::optional<A2AMode> parse_a2a_mode(std::string_view name) {
+  return name_lookup(name, kA2AModes);
+}
 std::string_view runner_name(RunnerKind kind) {
   return name_of(kind, kRunners);
 }

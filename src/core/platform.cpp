@@ -1,6 +1,8 @@
 #include "moekit/platform.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -49,6 +51,23 @@ bool probe_avx512_bf16() {
 }  // namespace
 #endif
 
+namespace {
+
+// Read from the launcher's environment rather than from MPI, so that probing starts no MPI:
+// OpenMPI's mpirun sets OMPI_COMM_WORLD_*, PMI-based launchers (MPICH, Slurm) PMI_*.
+int launcher_variable(const char* ompi, const char* pmi, int otherwise) {
+  for (const char* name : {ompi, pmi}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      char* end = nullptr;
+      const long parsed = std::strtol(value, &end, 10);
+      if (*end == '\0' && parsed >= 0 && parsed < (1 << 20)) return static_cast<int>(parsed);
+    }
+  }
+  return otherwise;
+}
+
+}  // namespace
+
 Platform Platform::probe() {
   Platform platform;
   platform.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -66,6 +85,8 @@ Platform Platform::probe() {
   // A build without a CUDA runtime cannot see or use a GPU; the GPU runners that would need one
   // are not built either, and resolve() says so. With one, a machine without a driver or GPU
   // answers none, and gpu_note says why.
+  platform.world_size = std::max(1, launcher_variable("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1));
+  platform.world_rank = launcher_variable("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0);
   platform.cuda_runtime = cuda_device::built_with_cuda();
   if (platform.cuda_runtime) platform.gpus = cuda_device::probe(platform.gpu_note);
   return platform;
@@ -95,7 +116,8 @@ std::optional<std::string> Platform::missing_on(const Platform& actual) const {
 }
 
 std::string Platform::summary() const {
-  std::string text = fmt::format("{} CPU threads", cpu_threads);
+  std::string text = world_size > 1 ? fmt::format("rank {} of {}, ", world_rank, world_size) : "";
+  text += fmt::format("{} CPU threads", cpu_threads);
   if (avx2) text += ", AVX2";
   if (fma) text += ", FMA";
   if (f16c) text += ", F16C";

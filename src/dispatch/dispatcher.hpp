@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "contracts/exec.hpp"
 #include "contracts/rows.hpp"
 #include "moekit/plan.hpp"
@@ -25,6 +27,14 @@ struct DispatcherProblem {
   int64_t max_received_tokens = 0;       // the most tokens whose rows this rank computes per batch
   std::vector<int32_t> global_to_local;  // local slot of each global physical id, or -1
   Device device = Device::cpu();
+  // Across processes: the communicator (nullptr within one), how long each exchange may wait,
+  // and the all-to-all's mode. Global ids below `physical` belong to rank id / per_rank, at
+  // slot id % per_rank there; ids from `physical` on (fused shared slots) stay on this rank.
+  Communicator* comm = nullptr;
+  int64_t timeout_ms = 30000;
+  A2AMode mode = A2AMode::normal;
+  int physical = 0;
+  int per_rank = 0;
 };
 
 class Dispatcher {
@@ -39,6 +49,13 @@ class Dispatcher {
                                   void* scratch) = 0;
   virtual void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
                        void* scratch) = 0;
+  // Whether dispatch() exchanges with other ranks, which then wait for this one: a rank with no
+  // tokens must still take part.
+  virtual bool collective() const { return false; }
+  // This rank's input failed before dispatch(): the exchange the other ranks wait in carries the
+  // failure instead of rows, so that each of them fails too (Errc::comm, naming this rank)
+  // rather than waiting out its timeout.
+  virtual void abandon(const ExecContext&, void*) {}
 };
 
 struct DispatcherEntry {
@@ -49,6 +66,8 @@ struct DispatcherEntry {
   // The most tokens whose rows a rank's experts compute per batch (its own, plus arrivals).
   int64_t (*max_received_tokens)(const Options&);
   std::unique_ptr<Dispatcher> (*create)(const DispatcherProblem&);
+  // Decisions of the dispatcher's own (its mode, its wire format), recorded in the plan; or none.
+  void (*decide)(Plan&);
 };
 
 const std::vector<DispatcherEntry>& dispatcher_table();
@@ -58,6 +77,17 @@ const DispatcherEntry* find_dispatcher(A2AKind a2a);
 Capability standard_supports(const Deployment& deployment);
 int64_t standard_max_received_tokens(const Options& options);
 std::unique_ptr<Dispatcher> make_standard_dispatcher(const DispatcherProblem& problem);
+Capability all_to_all_supports(const Deployment& deployment);
+int64_t all_to_all_max_received_tokens(const Options& options);
+std::unique_ptr<Dispatcher> make_all_to_all_dispatcher(const DispatcherProblem& problem);
+// The one heuristic that picks the all-to-all's mode where the options leave it to auto, and its
+// reason.
+struct A2AModeChoice {
+  A2AMode mode;
+  std::string reason;
+};
+A2AModeChoice choose_a2a_mode(const Options& options);
+void all_to_all_decide(Plan& plan);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
 #endif

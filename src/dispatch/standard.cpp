@@ -1,8 +1,15 @@
 // The standard dispatcher (a2a none): rows stay on this rank in token order. Under expert
 // parallelism it maps each global expert id to this rank's slot, or -1 for an expert held
-// elsewhere; the ranks' partial outputs are then summed by the caller (all-reduce, or a test).
-// The runner writes the weighted sum straight into the combined output, so combine() has
-// nothing left to move. On a GPU the map is a kernel (cuda/standard_cuda.cpp).
+// elsewhere. Within one process the ranks' partial outputs are then summed by the caller (a
+// test); across processes (the reduce form: a communicator in the problem) dispatch() first
+// checks that every rank is ready with the same tokens, and combine() sums the partial outputs
+// over the ranks in rank order, so every rank returns the layer's output. The runner writes the
+// weighted sum straight into the combined output, so combine() otherwise has nothing to move.
+// On a GPU the map is a kernel (cuda/standard_cuda.cpp).
+
+#include <cstring>
+#include <optional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -15,22 +22,28 @@ namespace {
 
 class StandardDispatcher final : public Dispatcher {
  public:
-  explicit StandardDispatcher(const DispatcherProblem& problem) : p_(problem) {}
+  explicit StandardDispatcher(const DispatcherProblem& problem) : p_(problem) {
+    if (p_.comm != nullptr) arrays_.emplace(p_.comm->size());
+  }
+
+  bool collective() const override { return p_.comm != nullptr; }
 
   int64_t scratch_bytes() const override {
     ScratchCarver counter;
-    counter.take<int32_t>(max_entries());
+    carve(counter);
     return counter.bytes();
   }
 
-  DispatchOutput dispatch(const ExecContext&, const TensorView& hidden, const int32_t* global_ids,
-                          const float* weights, float* combined, void* scratch) override {
+  DispatchOutput dispatch(const ExecContext& ctx, const TensorView& hidden,
+                          const int32_t* global_ids, const float* weights, float* combined,
+                          void* scratch) override {
     const int64_t entries = hidden.dim(0) * p_.columns;
     if (entries > max_entries()) {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
-    ScratchCarver carver(scratch);
-    int32_t* local_ids = carver.take<int32_t>(max_entries());
+    const Arrays a = carve_at(scratch);
+    if (p_.comm != nullptr) agree(ctx, a, kReady, hidden.dim(0));
+    int32_t* local_ids = a.local_ids;
     const auto n_global = static_cast<int32_t>(p_.global_to_local.size());
     for (int64_t e = 0; e < entries; ++e) {
       const int32_t id = global_ids[e];
@@ -40,12 +53,79 @@ class StandardDispatcher final : public Dispatcher {
     return {hidden, local_ids, weights, hidden.dim(0), p_.columns, combined};
   }
 
-  void combine(const ExecContext&, const DispatchOutput&, float*, void*) override {}
+  void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
+               void* scratch) override {
+    if (p_.comm == nullptr) return;
+    const Arrays a = carve_at(scratch);
+    p_.comm->all_reduce_sum(ctx, combined, dispatched.tokens * p_.hidden, a.reduce,
+                            {"combine: sum of the ranks' partial outputs", p_.timeout_ms});
+  }
+
+  void abandon(const ExecContext& ctx, void* scratch) override {
+    if (p_.comm != nullptr) agree(ctx, carve_at(scratch), kFailed, 0);
+  }
 
  private:
+  static constexpr int64_t kReady = 0;
+  static constexpr int64_t kFailed = 1;
+
+  struct Arrays {
+    int32_t* local_ids;
+    int64_t* status_out;  // [size][2]: this rank's (status, tokens), once per peer
+    int64_t* status_in;   // [size][2]: each rank's
+    float* reduce;        // the communicator's scratch for the sum
+  };
+  Arrays carve(ScratchCarver& c) const {
+    const int size = p_.comm != nullptr ? p_.comm->size() : 0;
+    return {c.take<int32_t>(max_entries()), c.take<int64_t>(2 * size), c.take<int64_t>(2 * size),
+            c.take<float>(p_.comm != nullptr
+                              ? p_.comm->all_reduce_scratch(p_.max_received_tokens * p_.hidden)
+                              : 0)};
+  }
+  Arrays carve_at(void* scratch) const {
+    ScratchCarver carver(scratch);
+    return carve(carver);
+  }
+
+  // Every rank says whether its input passed and how many tokens it has, before any rank
+  // computes: a rank whose input failed, or whose tokens differ, fails every rank at once.
+  void agree(const ExecContext& ctx, const Arrays& a, int64_t status, int64_t tokens) {
+    Communicator& comm = *p_.comm;
+    const int size = comm.size(), me = comm.rank();
+    constexpr auto kPair = static_cast<int64_t>(2 * sizeof(int64_t));
+    for (int r = 0; r < size; ++r) {
+      a.status_out[2 * r] = status;
+      a.status_out[2 * r + 1] = tokens;
+      arrays_->send_offsets[r] = r * kPair;
+      arrays_->send_bytes[r] = kPair;
+      arrays_->recv_offsets[r] = r * kPair;
+      arrays_->recv_capacity[r] = kPair;
+    }
+    const CommStep step{"dispatch: ranks agree on their tokens", p_.timeout_ms};
+    comm.all_to_all(ctx, arrays_->view(a.status_out, a.status_in), step);
+    if (status == kFailed) return;
+    std::string failed;
+    for (int r = 0; r < size; ++r) {
+      if (a.status_in[2 * r] != kReady) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!failed.empty()) {
+      fail(Errc::comm, "rank {}: rank(s) {} refused their input (see their message) in step '{}'",
+           me, failed, step.name);
+    }
+    for (int r = 0; r < size; ++r) {
+      if (a.status_in[2 * r + 1] != tokens) {
+        fail(Errc::invalid_argument,
+             "rank {}: a2a none across processes needs every rank to pass the same tokens, but "
+             "this rank has {} and rank {} has {}",
+             me, tokens, r, a.status_in[2 * r + 1]);
+      }
+    }
+  }
+
   int64_t max_entries() const { return p_.max_received_tokens * p_.columns; }
 
   DispatcherProblem p_;
+  std::optional<ExchangeArrays> arrays_;
 };
 
 }  // namespace

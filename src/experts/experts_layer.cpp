@@ -18,14 +18,22 @@ std::unique_ptr<QuantMethod> create_quant_method(const Plan& plan, const Experts
 
 std::unique_ptr<Dispatcher> create_dispatcher(const Plan& plan, const ExpertsProblem& problem,
                                               std::vector<int32_t> global_to_local) {
-  const DispatcherEntry* entry = find_dispatcher(plan.options.a2a);
+  // The shared experts computed apart see this rank's tokens only: their rows never leave it.
+  const bool routed = problem.role == ExpertsRole::routed;
+  const DispatcherEntry* entry = find_dispatcher(routed ? plan.options.a2a : A2AKind::none);
   if (entry == nullptr) fail(Errc::internal, "plan names a dispatcher that is not registered");
-  return entry->create({.hidden = problem.hidden,
-                        .columns = problem.columns,
-                        .max_tokens = plan.options.max_tokens,
-                        .max_received_tokens = problem.max_tokens,
-                        .global_to_local = std::move(global_to_local),
-                        .device = plan.options.device});
+  return entry->create(
+      {.hidden = problem.hidden,
+       .columns = problem.columns,
+       .max_tokens = plan.options.max_tokens,
+       .max_received_tokens = problem.max_tokens,
+       .global_to_local = std::move(global_to_local),
+       .device = plan.options.device,
+       .comm = plan.comm == CommKind::none || !routed ? nullptr : &world_communicator(plan.comm),
+       .timeout_ms = plan.options.comm_timeout_ms,
+       .mode = plan.a2a_mode,
+       .physical = plan.location.physical,
+       .per_rank = plan.location.per_rank()});
 }
 
 }  // namespace
@@ -56,6 +64,14 @@ void ExpertsLayer::forward(const ExecContext& ctx, const TensorView& hidden,
       dispatcher_->dispatch(ctx, hidden, global_ids, weights, combined, dispatch_scratch);
   runner_.run(ctx, dispatched, quant_->apply(), runner_scratch);
   dispatcher_->combine(ctx, dispatched, combined, dispatch_scratch);
+}
+
+bool ExpertsLayer::collective() const {
+  return dispatcher_->collective();
+}
+
+void ExpertsLayer::abandon(const ExecContext& ctx) {
+  dispatcher_->abandon(ctx, scratch_.data());
 }
 
 }  // namespace moekit

@@ -23,6 +23,10 @@ class ExpertsLayer {
   // in token order.
   void forward(const ExecContext& ctx, const TensorView& hidden, const int32_t* global_ids,
                const float* weights, float* combined);
+  // Whether forward() exchanges with other ranks (which then wait for this one), and how this
+  // rank tells them that its input failed before forward() (Dispatcher::abandon).
+  bool collective() const;
+  void abandon(const ExecContext& ctx);
 
  private:
   ExpertsProblem problem_;

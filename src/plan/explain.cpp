@@ -22,6 +22,18 @@ std::string_view dispatcher_name(DispatcherKind kind) {
   switch (kind) {
     case DispatcherKind::standard:
       return "standard";
+    case DispatcherKind::all_to_all:
+      return "all-to-all";
+  }
+  return "?";
+}
+
+std::string_view comm_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::none:
+      return "none";
+    case CommKind::mpi:
+      return "mpi";
   }
   return "?";
 }
@@ -70,6 +82,7 @@ std::string Plan::explain() const {
       "strict={} max_tokens={} threads={}\n",
       runner_name(o.runner), a2a_name(o.a2a), o.weights.name(), block_form_name(o.form), o.ep.rank,
       o.ep.size, o.ep.redundant, o.device.str(), o.strict ? "yes" : "no", o.max_tokens, threads);
+  if (o.tp.size > 1) text += fmt::format("            tp={}/{}\n", o.tp.rank, o.tp.size);
   for (const Decision& d : decisions) {
     text += fmt::format("  {:<15} {:<15} {}\n", plan_layer_name(d.layer), d.topic, d.choice);
     if (!d.reason.empty()) text += fmt::format("  {:<31} why: {}\n", "", d.reason);

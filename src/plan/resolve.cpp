@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "block/stages.hpp"
+#include "comm/communicator.hpp"
 #include "core/names.hpp"
 #include "dispatch/dispatcher.hpp"
 #include "moekit/error.hpp"
@@ -47,6 +48,10 @@ void check_options(const Options& options, const Platform& platform) {
     refuse(fmt::format("max_tokens={}", options.max_tokens),
            "a layer must accept at least one token", "max_tokens >= 1");
   }
+  if (options.tp.size < 1 || options.tp.rank < 0 || options.tp.rank >= options.tp.size) {
+    refuse(fmt::format("tp size {} rank {}", options.tp.size, options.tp.rank),
+           "a tensor-parallel rank is one of [0, size)", "--tp-size N >= 1, --tp-rank in [0, N)");
+  }
   if (options.threads < 0) {
     refuse(fmt::format("threads={}", options.threads), "negative thread count", "0 (all) or more");
   }
@@ -86,6 +91,99 @@ std::optional<std::string> shared_split_problem(const ModelSpec& spec, const Qua
     }
   }
   return std::nullopt;
+}
+
+// Which communicator the plan's dispatcher exchanges over. a2a mpi spans every rank the launcher
+// started; a2a none with ep size > 1 under a launcher sums the ranks' partial outputs over the
+// same communicator (the reduce form), so every rank returns the layer's output.
+void decide_world(Plan& plan) {
+  const Options& o = plan.options;
+  const Platform& w = plan.platform;
+  if (o.comm_timeout_ms < 1) {
+    refuse(fmt::format("comm_timeout_ms={}", o.comm_timeout_ms),
+           "an exchange needs a positive time to wait for the other ranks", "1 ms or more");
+  }
+  const std::string launcher =
+      fmt::format("--ep-size {} --ep-rank {} (the launcher's {} rank(s), this one rank {})",
+                  w.world_size, w.world_rank, w.world_size, w.world_rank);
+  if (o.a2a == A2AKind::mpi && o.tp.size > 1) {
+    refuse(fmt::format("a2a=mpi with tp size {}", o.tp.size),
+           "tensor parallelism under the all-to-all is not built: each token would need its row on "
+           "every slice's rank",
+           "a2a none with --tp-size (and --ep-size), or a2a mpi with --tp-size 1");
+  }
+  if (o.a2a == A2AKind::mpi) {
+    if (!communicator_built(CommKind::mpi)) {
+      refuse("a2a=mpi", communicator_absent_reason(CommKind::mpi), "a2a none");
+    }
+    if (w.world_size == 1) {
+      refuse("a2a=mpi",
+             "the all-to-all exchanges rows between processes, and this one was not started by "
+             "mpirun (a world of 1 rank)",
+             "mpirun -np N moekit ... --a2a mpi --ep-size N, or a2a none");
+    }
+    if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
+      refuse(fmt::format("a2a=mpi with ep size {} rank {}", o.ep.size, o.ep.rank),
+             fmt::format("the all-to-all spans every rank the launcher started ({}, this one "
+                         "rank {}), so the ep size and rank must be those",
+                         w.world_size, w.world_rank),
+             launcher + fmt::format(", or mpirun -np {} for ep size {}, or a2a none", o.ep.size,
+                                    o.ep.size));
+    }
+    if (o.device.kind != DeviceKind::cpu) {
+      refuse(fmt::format("a2a=mpi on device={}", o.device.str()),
+             "the MPI communicator moves host memory; device buffers need the nccl communicator, "
+             "which is not built",
+             "device=cpu");
+    }
+    plan.comm = CommKind::mpi;
+    plan.decisions.push_back(
+        {PlanLayer::dispatcher,
+         "communicator",
+         "mpi",
+         fmt::format("a2a mpi: rows go to the ranks that hold their experts, over MPI across {} "
+                     "rank(s); every exchange waits at most {} ms",
+                     w.world_size, o.comm_timeout_ms),
+         {},
+         std::nullopt});
+    return;
+  }
+  const int parts = o.ep.size * o.tp.size;
+  if (o.a2a != A2AKind::none || w.world_size == 1 || parts == 1) return;
+  if (parts != w.world_size || o.ep.rank * o.tp.size + o.tp.rank != w.world_rank) {
+    refuse(fmt::format("a2a=none with ep size {} rank {}, tp size {} rank {} under a launcher of "
+                       "{} rank(s)",
+                       o.ep.size, o.ep.rank, o.tp.size, o.tp.rank, w.world_size),
+           "the partial outputs are summed over every rank the launcher started, so ep size x tp "
+           "size must be their number and ep rank x tp size + tp rank this one's",
+           launcher +
+               ", or --tp-size N --ep-size launcher/N, or --ep-size 1 (every rank a whole "
+               "layer)");
+  }
+  if (!communicator_built(CommKind::mpi) || o.device.kind != DeviceKind::cpu) {
+    plan.decisions.push_back(
+        {PlanLayer::dispatcher,
+         "communicator",
+         "none: the caller sums the ranks' outputs",
+         !communicator_built(CommKind::mpi)
+             ? communicator_absent_reason(CommKind::mpi)
+             : "the MPI communicator moves host memory; summing device outputs needs the nccl "
+               "communicator, which is not built",
+         {},
+         std::nullopt});
+    return;
+  }
+  plan.comm = CommKind::mpi;
+  plan.decisions.push_back(
+      {PlanLayer::dispatcher,
+       "communicator",
+       "mpi: reduce form",
+       fmt::format("a2a none across {} processes: the routed experts' partial sums are summed over "
+                   "MPI in rank order, so every rank returns the layer's output; every exchange "
+                   "waits at most {} ms",
+                   w.world_size, o.comm_timeout_ms),
+       {},
+       std::nullopt});
 }
 
 void decide_block(Plan& plan) {
@@ -131,6 +229,14 @@ void decide_block(Plan& plan) {
       d.reason = "asked: shared experts computed on a second thread while the routed ones run";
       break;
     case BlockForm::fused_slot:
+      if (plan.options.tp.size > 1) {
+        plan.form = BlockForm::standard;
+        d.choice = "standard";
+        d.reason = fmt::format(
+            "tp size {} splits the routed experts' I; shared slots are not split with them",
+            plan.options.tp.size);
+        return record_fallback(plan, d, "fused-slot");
+      }
       if (!slots_fit) {
         plan.form = BlockForm::standard;
         d.choice = "standard";
@@ -143,6 +249,60 @@ void decide_block(Plan& plan) {
       break;
   }
   plan.decisions.push_back(d);
+}
+
+// Why rank slices of I/tp columns of every routed expert cannot hold this format, if they cannot:
+// a slice must be whole scale blocks (rows of w13, columns of w2), and GEMM2's input must not be
+// quantised with one scale over the whole I.
+std::optional<std::string> tp_split_problem(int64_t I, int tp, const QuantParams& quant) {
+  if (I % tp != 0) return fmt::format("I={} does not divide into {} slices", I, tp);
+  const int64_t slice = I / tp;
+  if (quant.activation == ActivationQuant::fp8_per_token) {
+    return fmt::format(
+        "{} quantises GEMM2's input with one scale per token over the whole I={}; slices of {} "
+        "would each get a scale of their own",
+        weight_format_name(quant.format), I, slice);
+  }
+  for (int64_t block : {quant.block_rows, quant.block_cols}) {
+    if (block > 1 && slice % block != 0) {
+      return fmt::format("slices of I={} / {} = {} would cut the {} format's scale blocks of {}", I,
+                         tp, slice, weight_format_name(quant.format), block);
+    }
+  }
+  return std::nullopt;
+}
+
+// Tensor parallelism: this rank's slice of every routed expert's intermediate dimension.
+void decide_tensor_parallel(Plan& plan) {
+  const TensorParallel& tp = plan.options.tp;
+  const int64_t I = plan.spec.intermediate;
+  plan.routed_intermediate = I;
+  plan.routed_first = 0;
+  if (tp.size == 1) return;
+  if (plan.options.device.kind != DeviceKind::cpu) {
+    refuse(fmt::format("tp size {} on device={}", tp.size, plan.options.device.str()),
+           "tensor parallelism is built for the CPU runners only", "device=cpu, or --tp-size 1");
+  }
+  if (std::optional<std::string> problem = tp_split_problem(I, tp.size, plan.options.weights)) {
+    std::vector<std::string> sizes;
+    for (int n = 2; n <= 8; n *= 2) {
+      if (!tp_split_problem(I, n, plan.options.weights)) sizes.push_back(std::to_string(n));
+    }
+    refuse(fmt::format("tp size {} with weights={}", tp.size, plan.options.weights.name()),
+           *problem, "--tp-size 1" + (sizes.empty() ? "" : " or " + join(sizes)));
+  }
+  plan.routed_intermediate = I / tp.size;
+  plan.routed_first = tp.rank * plan.routed_intermediate;
+  plan.decisions.push_back(
+      {PlanLayer::experts,
+       "tensor parallel",
+       fmt::format("I columns [{}, {}) of every routed expert on tp rank {} of {}",
+                   plan.routed_first, plan.routed_first + plan.routed_intermediate, tp.rank,
+                   tp.size),
+       "gated activations act column by column along I, so each slice's GEMM2 output is a "
+       "partial sum of the layer's; the shared experts are computed whole",
+       {},
+       std::nullopt});
 }
 
 void decide_experts(Plan& plan) {
@@ -164,23 +324,32 @@ void decide_experts(Plan& plan) {
   if (plan.form == BlockForm::fused_slot) {
     plan.shared_slots =
         spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
-    plan.shared_slot_weight = 1.0f / static_cast<float>(ep.size);
+    const bool own_tokens = plan.options.a2a == A2AKind::mpi;
+    plan.shared_slot_weight = own_tokens ? 1.0f : 1.0f / static_cast<float>(ep.size);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared slots",
          fmt::format("{} slot(s) on every rank", plan.shared_slots),
-         fmt::format("each rank computes the shared experts for every token with weight 1/{}, so "
-                     "the ranks' sum adds them once",
-                     ep.size),
+         own_tokens ? std::string("a2a mpi: each rank computes the shared slots for its own tokens "
+                                  "with weight 1; their rows never leave the rank")
+                    : fmt::format("each rank computes the shared experts for every token with "
+                                  "weight 1/{}, so the ranks' sum adds them once",
+                                  ep.size),
          {},
          std::nullopt});
   } else if (spec.n_shared > 0) {
-    plan.adds_shared_output = ep.rank == 0;
+    const bool every_rank = plan.options.a2a == A2AKind::mpi || plan.comm != CommKind::none;
+    plan.adds_shared_output = every_rank || (ep.rank == 0 && plan.options.tp.rank == 0);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared experts",
          plan.adds_shared_output ? "added on this rank" : "added on rank 0, not here",
-         "every rank sees every token here, so one rank adds the shared output to the sum",
+         plan.options.a2a == A2AKind::mpi
+             ? "a2a mpi: each rank holds its own tokens and adds their shared output"
+         : every_rank
+             ? "reduce form: the routed sum is summed over the ranks first, so each rank adds "
+               "the shared output to the whole sum"
+             : "every rank sees every token here, so one rank adds the shared output to the sum",
          {},
          std::nullopt});
   }
@@ -217,7 +386,7 @@ void record_tensors(Plan& plan) {
       bytes += dtype_storage_bytes(t.dtype, t.shape.numel());
     }
   };
-  add("", plan.local_routed + plan.shared_slots, spec.intermediate);
+  add("", plan.local_routed + plan.shared_slots, plan.routed_intermediate);
   if (plan.adds_shared_output) add("shared_", spec.n_shared, spec.shared_intermediate);
   plan.decisions.push_back({PlanLayer::quant,
                             "tensors",
@@ -321,6 +490,7 @@ void decide_dispatcher(Plan& plan) {
   plan.decisions.push_back({PlanLayer::dispatcher, "dispatcher",
                             std::string(dispatcher_name(plan.dispatcher)), c.reason, rejected,
                             std::nullopt});
+  if (entry->decide != nullptr) entry->decide(plan);
 }
 
 // The block's stages for the plan's device, and how the shared experts run in its form.
@@ -418,7 +588,9 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
   plan.threads = options.threads > 0 ? options.threads : platform.cpu_threads;
   plan.decisions.push_back(
       {PlanLayer::model, "spec", spec.summary(), "as given", {}, std::nullopt});
+  decide_world(plan);
   decide_block(plan);
+  decide_tensor_parallel(plan);
   decide_experts(plan);
   decide_quant_and_runner(plan);
   decide_dispatcher(plan);

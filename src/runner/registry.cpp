@@ -19,6 +19,7 @@ const std::vector<CoreEntry>& core_table() {
 const std::vector<FusedOpEntry>& fused_op_table() {
   static const std::vector<FusedOpEntry> table = {
       {A2AKind::none, RunnerKind::cpu, "cpu-decode", cpu_decode_supports, make_cpu_decode_op},
+      {A2AKind::mpi, RunnerKind::cpu, "cpu-decode", cpu_decode_supports, make_cpu_decode_op},
   };
   return table;
 }

@@ -55,6 +55,13 @@ std::vector<RunCase> bf16_cases() {
   return cases;
 }
 
+// Under mpirun (a launch costs about a second): one family of each routing, one fp8 checkpoint.
+std::vector<RunCase> mpi_cases() {
+  return {{TinyHfModel::deepseek_v3(), 1},
+          {TinyHfModel::qwen3_moe().fp8(), 2},
+          {TinyHfModel::mixtral(), 1}};
+}
+
 std::string case_name(const testing::TestParamInfo<RunCase>& info) {
   return info.param.model.label;
 }
@@ -233,14 +240,15 @@ struct RunOutput {
 // Writes `input`, runs `moekit run` on the model directory and reads what it wrote, checking
 // the names, dtypes and shapes of the output file.
 RunOutput run_layer(const TestDir& dir, const RunCase& c, const TensorMap& input,
-                    const std::string& flags, const std::string& tag) {
+                    const std::string& flags, const std::string& tag,
+                    const std::string& launcher = "") {
   const std::string in = dir / ("in_" + tag + ".safetensors");
   const std::string out = dir / ("out_" + tag + ".safetensors");
   write_tensor_file(in, input);
-  const CommandResult r =
-      run_moekit(fmt::format("run --model '{}' --layer {} --input '{}' "
-                             "--output '{}' {}",
-                             dir / "model", c.layer, in, out, flags));
+  const CommandResult r = run_moekit(fmt::format("run --model '{}' --layer {} --input '{}' "
+                                                 "--output '{}' {}",
+                                                 dir / "model", c.layer, in, out, flags),
+                                     launcher);
   RunOutput result;
   result.log = r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -373,7 +381,38 @@ TEST_P(HfCheckpointRun, ExpertParallelRanksAddUpToTheSingleRankOutput) {
   EXPECT_GT(relative_l2(rank1.output, single.output), 1e-2);
 }
 
+// Under mpirun: with a2a mpi each of 2 ranks computes its slice of the tokens (one slice longer)
+// and rank 0 gathers them into the one file; in the reduce form both compute everything and rank
+// 0 writes. Either file is the single process's output.
+class HfCheckpointMpi : public HfCheckpointRun {};
+
+TEST_P(HfCheckpointMpi, UnderMpirunRankZeroWritesTheSingleProcessOutput) {
+#ifndef MOEKIT_MPIEXEC
+  GTEST_SKIP() << "this build has no MPI";
+#else
+  const std::vector<double> values = inputs_.hidden.values();
+  const StoredTensor hidden = StoredTensor::of(std::vector<float>(values.begin(), values.end()),
+                                               DType::f32, inputs_.hidden.shape);
+  const TensorMap input{{"hidden_states", hidden}};
+  const RunOutput single = run_layer(dir_, GetParam(), input, "", "single");
+  // OpenMPI's own allocations outlive MPI_Finalize: LeakSanitizer would fail a sanitized build.
+  const std::string mpirun =
+      "ASAN_OPTIONS=detect_leaks=0 '" MOEKIT_MPIEXEC "' --oversubscribe --allow-run-as-root -np 2";
+  const RunOutput a2a =
+      run_layer(dir_, GetParam(), input, "--a2a mpi --ep-size 2 --threads 1", "a2a", mpirun);
+  const RunOutput reduce =
+      run_layer(dir_, GetParam(), input, "--ep-size 2 --threads 1", "reduce", mpirun);
+  ASSERT_TRUE(single.ok && a2a.ok && reduce.ok);
+  EXPECT_NE(a2a.log.find("rank 0 gathered them"), std::string::npos) << a2a.log;
+  for (const RunOutput* got : {&a2a, &reduce}) {
+    EXPECT_EQ(got->ids, single.ids);
+    EXPECT_LT(relative_l2(got->output, single.output), 1e-5);
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfCheckpointRun, testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Families, HfCheckpointMpi, testing::ValuesIn(mpi_cases()), case_name);
 
 // A bf16 checkpoint quantised at load time. Compared with the same int4 weights in float64 it
 // must agree to bf16 output rounding; compared with the bf16 weights it costs int4's own error.

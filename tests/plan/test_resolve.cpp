@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/communicator.hpp"
 #include "moekit/error.hpp"
 #include "moekit/plan.hpp"
 #include "support/layer_fixture.hpp"
@@ -57,6 +58,82 @@ TEST(Resolve, UnbuiltCommunicationIsRefused) {
     options.a2a = a2a;
     expect_mentions(refusal(small_dsv3(), options), {a2a_name(a2a).data(), "a2a none"});
   }
+}
+
+// Under a launcher of 4 ranks (as mpirun's environment tells Platform::probe).
+Platform launched(int size, int rank) {
+  Platform platform = Platform::cpu_only(2);
+  platform.world_size = size;
+  platform.world_rank = rank;
+  return platform;
+}
+
+TEST(Resolve, AnAllToAllOverOtherRanksThanTheLaunchersIsRefused) {
+  if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
+  Options options;
+  options.a2a = A2AKind::mpi;
+  options.ep = ExpertParallel::Rank(2, 0);
+  const Resolution r = try_resolve(small_dsv3(), options, launched(4, 1));
+  ASSERT_FALSE(r.plan);
+  expect_mentions(r.refusal, {"--ep-size 4 --ep-rank 1", "mpirun -np 2", "a2a none"});
+}
+
+struct ModeCase {
+  int64_t max_tokens;
+  A2AMode asked;
+  A2AMode chosen;
+};
+
+TEST(Resolve, TheAllToAllModeFollowsTheBatchSizeUnlessAsked) {
+  if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
+  constexpr ModeCase kCases[] = {{16, A2AMode::auto_, A2AMode::low_latency},
+                                 {128, A2AMode::auto_, A2AMode::low_latency},
+                                 {129, A2AMode::auto_, A2AMode::normal},
+                                 {16, A2AMode::normal, A2AMode::normal},
+                                 {4096, A2AMode::low_latency, A2AMode::low_latency}};
+  for (const ModeCase& c : kCases) {
+    Options options;
+    options.a2a = A2AKind::mpi;
+    options.ep = ExpertParallel::Rank(4, 2);
+    options.max_tokens = c.max_tokens;
+    options.a2a_mode = c.asked;
+    const Plan plan = resolve(small_dsv3(), options, launched(4, 2));
+    EXPECT_EQ(plan.a2a_mode, c.chosen) << c.max_tokens;
+    EXPECT_EQ(plan.comm, CommKind::mpi);
+    EXPECT_EQ(plan.max_received_tokens, 4 * c.max_tokens);
+    EXPECT_TRUE(plan.adds_shared_output)
+        << "a2a mpi: every rank adds its own tokens' shared output";
+    expect_mentions(plan.explain(),
+                    {"mode", std::string(a2a_mode_name(c.chosen)).c_str(), "wire format"});
+  }
+}
+
+TEST(Resolve, ANoneAcrossProcessesSumsOverTheRanksAndEveryRankAddsTheSharedOutput) {
+  if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
+  Options options;
+  options.ep = ExpertParallel::Rank(2, 1);
+  const Plan across = resolve(small_dsv3(), options, launched(2, 1));
+  EXPECT_EQ(across.comm, CommKind::mpi);
+  EXPECT_TRUE(across.adds_shared_output);
+  const Plan within = resolve(small_dsv3(), options, Platform::cpu_only(2));
+  EXPECT_EQ(within.comm, CommKind::none) << "in one process the caller sums the ranks";
+  EXPECT_FALSE(within.adds_shared_output);
+}
+
+TEST(Resolve, ATensorParallelSliceThatCutsScaleBlocksIsRefusedNamingSizesThatFit) {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 256;
+  spec.intermediate = 256;
+  spec.shared_intermediate = 256;
+  Options options;
+  options.weights = QuantParams::Fp8Block(128);
+  options.tp = {4, 1};
+  expect_mentions(refusal(spec, options), {"tp size 4", "scale blocks of 128", "--tp-size 1 or 2"});
+  options.tp = {2, 1};
+  const Plan plan = resolve(spec, options, Platform::cpu_only(2));
+  EXPECT_EQ(plan.routed_intermediate, 128);
+  EXPECT_EQ(plan.routed_first, 128);
+  EXPECT_FALSE(plan.adds_shared_output) << "in one process tp rank 0 adds the shared output";
 }
 
 struct BadQuant {

@@ -17,9 +17,11 @@ struct CommandResult {
   bool mentions(const std::string& text) const { return output.find(text) != std::string::npos; }
 };
 
-// Runs `moekit <args>`; args are passed to the shell as written.
-inline CommandResult run_moekit(const std::string& args) {
-  const std::string command = "'" MOEKIT_BINARY_DIR "/tools/moekit' " + args + " 2>&1";
+// Runs `moekit <args>`, after `launcher` (mpirun and its flags) where one is given; args are
+// passed to the shell as written.
+inline CommandResult run_moekit(const std::string& args, const std::string& launcher = "") {
+  const std::string command = launcher + (launcher.empty() ? "" : " ") +
+                              "'" MOEKIT_BINARY_DIR "/tools/moekit' " + args + " 2>&1";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) {
