@@ -64,6 +64,10 @@ TensorView view_of(const Array& array, void* data, const std::string& name, Rein
     view.shape.dims[axis] = static_cast<int64_t>(array.shape(axis));
     view.strides[axis] = array.stride(axis);
   }
+  if (view.numel() == 0) {
+    // An empty tensor's strides mean nothing, and exporters write zeros: it is contiguous.
+    view = TensorView::contiguous(data, view.dtype, view.shape);
+  }
   if (view.dtype == DType::i4 && ndim > 0) {
     // Bytes of two nibbles each: the last axis counts nibbles, the strides count nibbles too.
     const size_t last = ndim - 1;
