@@ -55,9 +55,12 @@ def layer_of(handle):
     return layer
 
 
-def _rows(x, width):
+def _rows(x, width, name):
     """[..., width] -> [T, width] without a copy; anything else is left for moekit's checks to
     name."""
+    if not (_is_torch(x) or isinstance(x, np.ndarray)):
+        _moekit._view(x, name)  # TypeError for what is no tensor at all
+        return x, None
     shape = tuple(x.shape)
     if len(shape) > 2 and shape[-1] == width:
         contiguous = x.is_contiguous() if _is_torch(x) else getattr(x, "flags", None) is not None and x.flags.c_contiguous
@@ -108,19 +111,19 @@ class MoeLayer:
         shape), or (output, topk_ids int32 [T, k], topk_weights f32 [T, k]) with
         return_routing."""
         spec = self.plan.spec
-        hidden, shape = _rows(_readable(hidden_states), spec.hidden)
-        logits, _ = _rows(_readable(router_logits), spec.n_experts)
+        hidden, shape = _rows(_readable(hidden_states), spec.hidden, "hidden_states")
+        logits, _ = _rows(_readable(router_logits), spec.n_experts, "router_logits")
         given = out
         if out is not None:
-            out, _ = _rows(out, spec.hidden)
+            out, _ = _rows(out, spec.hidden, "output")
         ids = weights = None
         stream = None
+        rows = (hidden.shape[0] if getattr(hidden, "ndim", 0) else 0, spec.routing.top_k)
         if _is_torch(hidden):
             torch = _torch()
             if out is None:
                 out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
             if return_routing:
-                rows = (hidden.shape[0], spec.routing.top_k)
                 ids = torch.empty(rows, dtype=torch.int32, device=hidden.device)
                 weights = torch.empty(rows, dtype=torch.float32, device=hidden.device)
             if hidden.device.type == "cuda":
@@ -129,18 +132,15 @@ class MoeLayer:
             if out is None:
                 out = np.empty(hidden.shape, dtype=hidden.dtype)
             if return_routing:
-                rows = (hidden.shape[0], spec.routing.top_k)
                 ids = np.empty(rows, dtype=np.int32)
                 weights = np.empty(rows, dtype=np.float32)
-        else:
-            _moekit._view(hidden, "hidden_states")  # TypeError for what is no tensor at all
-            if out is None or return_routing:
-                raise TypeError(
-                    f"hidden_states: a {type(hidden).__name__} is neither a torch tensor nor a numpy "
-                    "array; pass out= (and no return_routing) to have moekit write into your own"
-                )
+        elif out is None or return_routing:
+            raise TypeError(
+                f"hidden_states: a {type(hidden).__name__} is neither a torch tensor nor a numpy "
+                "array; pass out= (and no return_routing) to have moekit write into your own"
+            )
         self._layer.forward(hidden, logits, out, ids, weights, stream)
-        result = given if given is not None else out.reshape(shape)
+        result = given if given is not None else out.reshape(shape) if shape else out
         if return_routing:
             return result, ids, weights
         return result

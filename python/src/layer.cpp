@@ -172,13 +172,13 @@ nb::dict describe_view(nb::handle object, const std::string& name) {
 void bind_layer(nb::module_& m) {
   nb::class_<Layer>(m, "_Layer")
       .def_static("from_weights", &Layer::from_weights, nb::arg("plan"), nb::arg("weights"))
-      .def("forward", &Layer::forward, nb::arg("hidden_states"), nb::arg("router_logits"),
-           nb::arg("output"), nb::arg("topk_ids").none(), nb::arg("topk_weights").none(),
+      .def("forward", &Layer::forward, nb::arg("hidden_states").none(),
+           nb::arg("router_logits").none(), nb::arg("output").none(), nb::arg("topk_ids").none(), nb::arg("topk_weights").none(),
            nb::arg("stream").none())
       .def("synchronize", &Layer::synchronize)
       .def_prop_ro("plan", &Layer::plan, nb::rv_policy::reference_internal);
 
-  m.def("_view", &describe_view, nb::arg("tensor"), nb::arg("name") = "tensor",
+  m.def("_view", &describe_view, nb::arg("tensor").none(), nb::arg("name") = "tensor",
         "What moekit reads of a tensor (data pointer, dtype, shape, strides, device), without a "
         "copy.");
 
