@@ -14,7 +14,17 @@ def _config_text(config):
     if isinstance(config, dict):
         return json.dumps(config), "config"
     if hasattr(config, "to_json_string"):  # a transformers PretrainedConfig
-        return config.to_json_string(use_diff=False), type(config).__name__
+        fields = json.loads(config.to_json_string(use_diff=False))
+        # A config made in memory has no dtype yet (null); saved, it would have one.
+        for key in ("dtype", "torch_dtype"):
+            if key in fields and fields[key] is None:
+                del fields[key]
+        # transformers 5 writes some keys under its own names (Qwen3-MoE's num_experts as
+        # num_local_experts); the hub's names, which moekit's reader follows, are the aliases.
+        for alias in getattr(config, "attribute_map", {}):
+            if alias not in fields and isinstance(getattr(config, alias, None), (int, float, bool, str)):
+                fields[alias] = getattr(config, alias)
+        return json.dumps(fields), type(config).__name__
     raise TypeError(
         "config: expected a model directory, a config.json path, a dict or a transformers "
         f"config, got {type(config).__name__}"
