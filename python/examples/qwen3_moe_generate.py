@@ -16,12 +16,12 @@ import moekit
 import moekit.hf
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default="f32", help="moekit's weight format (f32 holds the model's weights exactly)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the moekit layer runs where the model is)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens to generate")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     config = transformers.Qwen3MoeConfig(
         vocab_size=512,
@@ -58,8 +58,8 @@ def main():
     print("transformers:", want[0, prompt.shape[1]:].tolist())
     print("moekit:      ", got[0, prompt.shape[1]:].tolist())
     print("the same tokens" if same else "the tokens differ")
-    raise SystemExit(0 if same else 1)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

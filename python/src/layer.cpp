@@ -75,10 +75,10 @@ BorrowedWeights borrow_weights(const nb::dict& dict, const QuantParams& quant) {
         out.keep.push_back(borrow(value, label, as));
         ExpertMatrices& m = matrices_of(out.weights, matrix);
         const TensorView& view = out.keep.back().view;
-        (s.empty()           ? m.weight
-         : s == "_scale"     ? m.scale
-         : s == "_zero"      ? m.zero
-                             : m.input_scale) = view;
+        (s.empty()       ? m.weight
+         : s == "_scale" ? m.scale
+         : s == "_zero"  ? m.zero
+                         : m.input_scale) = view;
         known = true;
       }
     }
@@ -104,7 +104,8 @@ BorrowedWeights borrow_weights(const nb::dict& dict, const QuantParams& quant) {
 class Layer {
  public:
   explicit Layer(MoeLayer&& layer)
-      : layer_(std::make_unique<MoeLayer>(std::move(layer))), mutex_(std::make_unique<std::mutex>()) {}
+      : layer_(std::make_unique<MoeLayer>(std::move(layer))),
+        mutex_(std::make_unique<std::mutex>()) {}
 
   static Layer from_weights(const Plan& plan, const nb::dict& weights) {
     const BorrowedWeights borrowed = borrow_weights(weights, plan.quant);
@@ -173,8 +174,8 @@ void bind_layer(nb::module_& m) {
   nb::class_<Layer>(m, "_Layer")
       .def_static("from_weights", &Layer::from_weights, nb::arg("plan"), nb::arg("weights"))
       .def("forward", &Layer::forward, nb::arg("hidden_states").none(),
-           nb::arg("router_logits").none(), nb::arg("output").none(), nb::arg("topk_ids").none(), nb::arg("topk_weights").none(),
-           nb::arg("stream").none())
+           nb::arg("router_logits").none(), nb::arg("output").none(), nb::arg("topk_ids").none(),
+           nb::arg("topk_weights").none(), nb::arg("stream").none())
       .def("synchronize", &Layer::synchronize)
       .def_prop_ro("plan", &Layer::plan, nb::rv_policy::reference_internal);
 
@@ -214,10 +215,13 @@ void bind_layer(nb::module_& m) {
           },
           nb::arg("hidden_states"), nb::arg("out"));
 
-  nb::class_<Checkpoint>(m, "Checkpoint", "A Hugging Face model directory opened for its MoE layers.")
+  nb::class_<Checkpoint>(m, "Checkpoint",
+                         "A Hugging Face model directory opened for its MoE layers.")
       .def_static(
           "open",
-          [](const std::filesystem::path& directory) { return Checkpoint::open(directory.string()); },
+          [](const std::filesystem::path& directory) {
+            return Checkpoint::open(directory.string());
+          },
           nb::arg("path"))
       .def_prop_ro("directory", &Checkpoint::directory)
       .def_prop_ro("family",

@@ -17,9 +17,9 @@ namespace moekit::python {
 namespace {
 
 template <typename Enum>
-Enum parsed(std::optional<Enum> value, std::string_view text, const char* what,
-            const char* legal) {
-  if (!value) throw nb::value_error(fmt::format("{}: '{}' is not one of {}", what, text, legal).c_str());
+Enum parsed(std::optional<Enum> value, std::string_view text, const char* what, const char* legal) {
+  if (!value)
+    throw nb::value_error(fmt::format("{}: '{}' is not one of {}", what, text, legal).c_str());
   return *value;
 }
 
@@ -102,8 +102,9 @@ void bind_options(nb::module_& m) {
       .def_ro("block_rows", &QuantParams::block_rows)
       .def_ro("block_cols", &QuantParams::block_cols)
       .def_ro("zero_points", &QuantParams::zero_points)
-      .def_prop_ro("activation",
-                   [](const QuantParams& q) { return std::string(activation_quant_name(q.activation)); })
+      .def_prop_ro(
+          "activation",
+          [](const QuantParams& q) { return std::string(activation_quant_name(q.activation)); })
       .def_ro("activation_group", &QuantParams::activation_group)
       .def_prop_ro("quantized", &QuantParams::quantized)
       .def("scale_rows", &QuantParams::scale_rows, nb::arg("rows"))
@@ -116,7 +117,8 @@ void bind_options(nb::module_& m) {
   m.def(
       "Unquantized",
       [](std::string_view format) {
-        const WeightFormat f = parsed(parse_weight_format(format), format, "format", "f32, f16, bf16");
+        const WeightFormat f =
+            parsed(parse_weight_format(format), format, "format", "f32, f16, bf16");
         if (f != WeightFormat::f32 && f != WeightFormat::f16 && f != WeightFormat::bf16) {
           throw nb::value_error(
               fmt::format("format: '{}' is quantised; Unquantized takes f32, f16 or bf16", format)
@@ -193,7 +195,9 @@ void bind_options(nb::module_& m) {
           [](Options& o, std::string_view name) { o.form = form_from(name); })
       .def_prop_rw(
           "fused_ops",
-          [](const Options& o) { return std::string(o.fused_ops == FusedOps::off ? "off" : "auto"); },
+          [](const Options& o) {
+            return std::string(o.fused_ops == FusedOps::off ? "off" : "auto");
+          },
           [](Options& o, std::string_view name) { o.fused_ops = fused_ops_from(name); })
       .def_prop_rw(
           "device", [](const Options& o) { return o.device.str(); },

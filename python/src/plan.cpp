@@ -28,8 +28,9 @@ void bind_plan(nb::module_& m) {
       .def_ro("rejected", &Decision::rejected)
       .def_ro("fallback", &Decision::fallback)
       .def("__repr__", [](const Decision& d) {
-        return fmt::format("Decision(layer='{}', topic='{}', choice='{}'{})", plan_layer_name(d.layer),
-                           d.topic, d.choice, d.fallback ? ", fallback=" + *d.fallback : "");
+        return fmt::format("Decision(layer='{}', topic='{}', choice='{}'{})",
+                           plan_layer_name(d.layer), d.topic, d.choice,
+                           d.fallback ? ", fallback=" + *d.fallback : "");
       });
 
   nb::class_<Plan>(m, "Plan", "Every decision about a deployment, made once by resolve().")

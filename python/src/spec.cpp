@@ -38,7 +38,8 @@ constexpr ActivationKind kActivations[] = {ActivationKind::silu_gated, Activatio
 ModelSpec spec_of_hf_layer(const HfModelConfig& config, std::optional<int> wanted) {
   const std::vector<int> moe_layers = config.moe_layers();
   if (!wanted && moe_layers.empty()) {
-    throw nb::value_error(fmt::format("{}: the config has no MoE layer", config.model_type).c_str());
+    throw nb::value_error(
+        fmt::format("{}: the config has no MoE layer", config.model_type).c_str());
   }
   const int layer = wanted ? *wanted : moe_layers.front();
   config.tensor_names(layer);
@@ -104,7 +105,9 @@ void bind_spec(nb::module_& m) {
       .def_static("demo", &ModelSpec::demo)
       .def_static(
           "from_json",
-          [](const std::filesystem::path& path) { return ModelSpec::from_json_file(path.string()); },
+          [](const std::filesystem::path& path) {
+            return ModelSpec::from_json_file(path.string());
+          },
           nb::arg("path"), "A spec from our own JSON form (the keys of to_json()).")
       .def_static("from_json_text", &ModelSpec::from_json, nb::arg("text"))
       .def_static(
@@ -118,7 +121,8 @@ void bind_spec(nb::module_& m) {
       .def("summary", &ModelSpec::summary)
       .def("copy", [](const ModelSpec& s) { return s; })
       .def("__copy__", [](const ModelSpec& s) { return s; })
-      .def("__deepcopy__", [](const ModelSpec& s, nb::handle) { return s; }, nb::arg("memo"))
+      .def(
+          "__deepcopy__", [](const ModelSpec& s, nb::handle) { return s; }, nb::arg("memo"))
       .def("__repr__", [](const ModelSpec& s) { return "ModelSpec(" + s.summary() + ")"; });
 }
 

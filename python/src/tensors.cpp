@@ -15,10 +15,14 @@ constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
 std::string dtype_label(dl::dtype t) {
   constexpr std::pair<dl::dtype_code, const char*> kCodes[] = {
-      {dl::dtype_code::Int, "int"},          {dl::dtype_code::UInt, "uint"},
-      {dl::dtype_code::Float, "float"},      {dl::dtype_code::Bfloat, "bfloat"},
-      {dl::dtype_code::Complex, "complex"},  {dl::dtype_code::Bool, "bool"},
-      {dl::dtype_code::Float8_E4M3FN, "float8_e4m3fn"}, {dl::dtype_code::Float8_E5M2, "float8_e5m2"}};
+      {dl::dtype_code::Int, "int"},
+      {dl::dtype_code::UInt, "uint"},
+      {dl::dtype_code::Float, "float"},
+      {dl::dtype_code::Bfloat, "bfloat"},
+      {dl::dtype_code::Complex, "complex"},
+      {dl::dtype_code::Bool, "bool"},
+      {dl::dtype_code::Float8_E4M3FN, "float8_e4m3fn"},
+      {dl::dtype_code::Float8_E5M2, "float8_e5m2"}};
   for (const auto& [code, label] : kCodes) {
     if (t.code == static_cast<uint8_t>(code)) return fmt::format("{}{}", label, t.bits);
   }
@@ -73,7 +77,8 @@ TensorView view_of(const Array& array, void* data, const std::string& name, Rein
     const size_t last = ndim - 1;
     if (view.strides[last] != 1 && view.shape.dims[last] > 1) {
       throw nb::value_error(
-          fmt::format("{}: packed int4 bytes must be contiguous along the last axis", name).c_str());
+          fmt::format("{}: packed int4 bytes must be contiguous along the last axis", name)
+              .c_str());
     }
     view.shape.dims[last] *= 2;
     view.strides[last] = 1;
@@ -126,7 +131,8 @@ nb::object to_numpy(Tensor&& tensor) {
   auto owned = std::make_unique<Tensor>(std::move(tensor));
   const TensorView& v = owned->view();
   std::vector<size_t> shape(static_cast<size_t>(v.rank()));
-  for (int axis = 0; axis < v.rank(); ++axis) shape[static_cast<size_t>(axis)] = static_cast<size_t>(v.dim(axis));
+  for (int axis = 0; axis < v.rank(); ++axis)
+    shape[static_cast<size_t>(axis)] = static_cast<size_t>(v.dim(axis));
   dl::dtype type = nb::dtype<float>();
   switch (v.dtype) {
     case DType::f32:
