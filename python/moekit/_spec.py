@@ -40,3 +40,4 @@ def from_hf_config(config, layer=None):
 
     text, label = _config_text(config)
     return _moekit.ModelSpec._from_hf_config_text(text, layer, label)
+

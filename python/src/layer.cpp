@@ -18,6 +18,10 @@
 #include "moekit/layer.hpp"
 #include "tensors.hpp"
 
+#ifdef MOEKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace moekit::python {
 namespace {
 
@@ -99,6 +103,31 @@ BorrowedWeights borrow_weights(const nb::dict& dict, const QuantParams& quant) {
   return out;
 }
 
+// Kernels launch on the calling thread's current device of moekit's own CUDA runtime (static, so
+// not torch's): a forward on cuda:N makes N current for the call, as torch's device guard would.
+class PlanDevice {
+ public:
+  explicit PlanDevice(const Plan& plan) {
+#ifdef MOEKIT_WITH_CUDA
+    if (plan.options.device.kind != DeviceKind::cuda) return;
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != plan.options.device.index) cudaSetDevice(plan.options.device.index);
+#else
+    (void)plan;
+#endif
+  }
+  ~PlanDevice() {
+#ifdef MOEKIT_WITH_CUDA
+    if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
+  }
+  PlanDevice(const PlanDevice&) = delete;
+  PlanDevice& operator=(const PlanDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 // One MoeLayer for Python: forward() runs with the GIL released, one call at a time (the layer's
 // scratch memory is its own, allocated once).
 class Layer {
@@ -131,6 +160,7 @@ class Layer {
     const RoutingResult* wanted = ids ? &routing : nullptr;
     nb::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_at_a_time(*mutex_);
+    const PlanDevice on_device(layer_->plan());
     if (stream) {
       layer_->forward(h.view, l.view, o.view, wanted, reinterpret_cast<CUstream_st*>(*stream));
     } else {
@@ -141,6 +171,7 @@ class Layer {
   void synchronize() {
     nb::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_at_a_time(*mutex_);
+    const PlanDevice on_device(layer_->plan());
     layer_->synchronize();
   }
 

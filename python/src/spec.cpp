@@ -48,11 +48,33 @@ ModelSpec spec_of_hf_layer(const HfModelConfig& config, std::optional<int> wante
   return spec;
 }
 
+// T(**fields): the defaults, then each field set by its property (so enums take their names), as
+// C++'s designated initialisers read. An unknown name is a TypeError naming it.
+template <typename T>
+void init_with_fields(T* self, const nb::kwargs& fields) {
+  T value;
+  const nb::object view = nb::cast(&value, nb::rv_policy::reference);
+  const nb::handle type = nb::type<T>();
+  for (auto [key, field] : fields) {
+    const std::string name = nb::cast<std::string>(key);
+    const bool settable = nb::hasattr(type, name.c_str()) &&
+                          PyObject_IsInstance(nb::getattr(type, name.c_str()).ptr(),
+                                              reinterpret_cast<PyObject*>(&PyProperty_Type)) == 1;
+    if (!settable) {
+      throw nb::type_error(
+          fmt::format("{}: no field '{}'", nb::cast<std::string>(nb::type_name(type)), name)
+              .c_str());
+    }
+    nb::setattr(view, name.c_str(), field);
+  }
+  new (self) T(value);
+}
+
 }  // namespace
 
 void bind_spec(nb::module_& m) {
   nb::class_<Activation>(m, "Activation", "The experts' gated activation.")
-      .def(nb::init<>())
+      .def("__init__", &init_with_fields<Activation>)
       .def_static("SiluGated", &Activation::SiluGated)
       .def_static("GeluGated", &Activation::GeluGated)
       .def_static("SwigluOai", &Activation::SwigluOai, nb::arg("alpha") = 1.702f,
@@ -67,7 +89,7 @@ void bind_spec(nb::module_& m) {
       .def("__repr__", [](const Activation& a) { return a.str(); });
 
   nb::class_<RoutingSpec>(m, "RoutingSpec", "How a token's experts are chosen and weighted.")
-      .def(nb::init<>())
+      .def("__init__", &init_with_fields<RoutingSpec>)
       .def_prop_rw(
           "scoring", [](const RoutingSpec& r) { return std::string(scoring_name(r.scoring)); },
           [](RoutingSpec& r, std::string_view name) {
@@ -89,7 +111,7 @@ void bind_spec(nb::module_& m) {
   nb::class_<ModelSpec>(m, "ModelSpec",
                         "What a model's MoE layer computes: sizes, routing, shared experts and "
                         "activation.")
-      .def(nb::init<>())
+      .def("__init__", &init_with_fields<ModelSpec>)
       .def_rw("name", &ModelSpec::name)
       .def_rw("hidden", &ModelSpec::hidden)
       .def_rw("intermediate", &ModelSpec::intermediate)

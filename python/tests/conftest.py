@@ -157,11 +157,21 @@ def oracle_routing(spec, logits, bias=None):
     return ids, weights * r.routed_scaling_factor
 
 
-def _mlp(h, w13, w2):
+def _activate(activation, gate, up):
+    if activation.kind == "silu_gated":
+        return gate / (1.0 + np.exp(-gate)) * up
+    if activation.kind == "gelu_gated":
+        from math import erf, sqrt
+
+        return 0.5 * gate * (1.0 + np.vectorize(erf)(gate / sqrt(2.0))) * up
+    g = np.minimum(gate, activation.limit)
+    u = np.clip(up, -activation.limit, activation.limit)
+    return (u + 1.0) * g / (1.0 + np.exp(-activation.alpha * g))
+
+
+def _mlp(h, w13, w2, activation):
     inner = w13.shape[0] // 2
-    a = h @ w13[:inner].T
-    b = h @ w13[inner:].T
-    return (a / (1.0 + np.exp(-a)) * b) @ w2.T
+    return _activate(activation, h @ w13[:inner].T, h @ w13[inner:].T) @ w2.T
 
 
 def oracle(spec, weights, hidden, logits):
@@ -172,9 +182,9 @@ def oracle(spec, weights, hidden, logits):
     for t in range(h.shape[0]):
         for j in range(ids.shape[1]):
             e = ids[t, j]
-            out[t] += route_w[t, j] * _mlp(h[t], weights["w13"][e], weights["w2"][e])
+            out[t] += route_w[t, j] * _mlp(h[t], weights["w13"][e], weights["w2"][e], spec.activation)
     for s in range(spec.n_shared):
-        shared = np.stack([_mlp(h[t], weights["shared_w13"][s], weights["shared_w2"][s]) for t in range(h.shape[0])])
+        shared = np.stack([_mlp(h[t], weights["shared_w13"][s], weights["shared_w2"][s], spec.activation) for t in range(h.shape[0])])
         if spec.shared_gate:
             shared *= 1.0 / (1.0 + np.exp(-(h @ np.asarray(weights["shared_gate"], dtype=np.float64)[0])))[:, None]
         out += shared

@@ -109,3 +109,18 @@ def test_rejected_candidates_have_reasons():
 def test_platform_probe():
     platform = moekit.Platform.probe()
     assert platform.cpu_threads >= 1 and platform.summary()
+
+
+def test_specs_are_made_with_keywords():
+    spec = moekit.ModelSpec(
+        name="tiny",
+        hidden=32,
+        intermediate=16,
+        n_experts=4,
+        routing=moekit.RoutingSpec(scoring="sqrt_softplus", top_k=2, renormalize=True),
+        activation=moekit.Activation.SwigluOai(),
+    )
+    assert (spec.hidden, spec.routing.top_k, spec.routing.scoring, spec.activation.kind) == (32, 2, "sqrt_softplus", "swiglu_oai")
+    assert spec.problems() == []
+    with pytest.raises(TypeError, match="no field 'hiden'"):
+        moekit.ModelSpec(hiden=32)

@@ -174,3 +174,49 @@ def test_torch_float8_weights_are_taken_as_e4m3():
     layer = moekit.MoeLayer(plan, given)
     hidden, logits = random_inputs(spec, 4)
     assert relative_l2(layer(hidden, logits), oracle(spec, exact, hidden, logits)[0]) < tolerance
+
+
+CUSTOM_SPECS = {
+    "sqrt_softplus": dict(routing=dict(scoring="sqrt_softplus", top_k=3, renormalize=True, routed_scaling_factor=1.5)),
+    "sigmoid_top1": dict(routing=dict(scoring="sigmoid", top_k=1)),
+    "grouped_max_no_bias": dict(routing=dict(scoring="sigmoid", top_k=4, n_group=4, topk_group=2, group_score="max", renormalize=True)),
+    "softmax_no_renorm": dict(routing=dict(scoring="softmax", top_k=3)),
+    "gelu": dict(routing=dict(top_k=2, renormalize=True), activation="gelu"),
+    "swiglu_oai": dict(routing=dict(top_k=2, renormalize=True), activation="swiglu"),
+    "qwen2_shared_gate": dict(routing=dict(top_k=2), n_shared=1, shared_intermediate=48, shared_gate=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CUSTOM_SPECS))
+def test_specs_made_in_python_match_oracle(case):
+    fields = dict(CUSTOM_SPECS[case])
+    activation = fields.pop("activation", None)
+    spec = moekit.ModelSpec(name=case, hidden=48, intermediate=24, n_experts=16, routing=moekit.RoutingSpec(**fields.pop("routing")), **fields)
+    if activation == "gelu":
+        spec.activation = moekit.Activation.GeluGated()
+    elif activation == "swiglu":
+        spec.activation = moekit.Activation.SwigluOai(1.702, 7.0)
+    plan = moekit.resolve(spec, moekit.Options(weights="f32", max_tokens=16))
+    weights = random_layer(spec, seed=4)
+    layer = moekit.MoeLayer(plan, weights)
+    hidden, logits = random_inputs(spec, 9, seed=5)
+    out, ids, _ = layer(hidden, logits, return_routing=True)
+    want, want_ids, _ = oracle(spec, {k: v.astype(np.float64) for k, v in weights.items()}, hidden, logits)
+    assert relative_l2(out, want) < 1e-5
+    np.testing.assert_array_equal(np.sort(ids, axis=1), np.sort(want_ids, axis=1))
+
+
+@needs_torch
+def test_torch_int4_bytes_and_bf16_scales():
+    import torch
+
+    spec = small_spec("qwen3-moe")
+    plan = moekit.resolve(spec, moekit.Options(weights=moekit.Int4Group(32), max_tokens=8))
+    given, exact = quantized_weights(spec, random_layer(spec), plan.quant)
+    as_torch = {k: torch.from_numpy(v) for k, v in given.items()}
+    for name in ("w13_scale", "w2_scale"):  # bf16 scales as torch bf16, not bits
+        as_torch[name] = torch.from_numpy(given[name].view(np.int16)).view(torch.bfloat16)
+    layer = moekit.MoeLayer(plan, as_torch)
+    hidden, logits = random_inputs(spec, 5)
+    out = layer(torch.from_numpy(hidden), torch.from_numpy(logits))
+    assert relative_l2(out.numpy(), oracle(spec, exact, hidden, logits)[0]) < 1e-3
