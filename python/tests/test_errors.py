@@ -171,10 +171,17 @@ def test_missing_correction_bias_is_named():
 
 
 def test_scratch_that_cannot_be_allocated_is_a_memory_error():
-    spec = small_spec("mixtral")
-    plan = moekit.resolve(spec, moekit.Options(weights="f32", max_tokens=1 << 40))
-    with pytest.raises(MemoryError):
-        moekit.MoeLayer(plan, random_layer(spec))
+    # The widest layer at the most tokens: 140 TB of scratch, allocated before any weight is read.
+    spec = moekit.ModelSpec(name="wide", hidden=1 << 20, intermediate=32, n_experts=8, routing=moekit.RoutingSpec(top_k=2))
+    plan = moekit.resolve(spec, moekit.Options(weights="f32", max_tokens=1 << 24))
+    tiny = np.zeros((1, 2, 2), np.float32)
+    with pytest.raises(MemoryError, match="could not allocate"):
+        moekit.MoeLayer(plan, {"w13": tiny, "w2": tiny})
+
+
+def test_max_tokens_whose_scratch_would_overflow_is_refused():
+    with pytest.raises(moekit.ConfigRefused, match="max_tokens"):
+        moekit.resolve(small_spec("mixtral"), moekit.Options(max_tokens=1 << 62))
 
 
 def test_routing_buffers_of_the_wrong_shape(layer):
