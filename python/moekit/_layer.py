@@ -166,8 +166,10 @@ class Router:
 
     def logits(self, hidden_states, out=None):
         hidden = _readable(hidden_states)
+        rows = (hidden.shape[0] if getattr(hidden, "ndim", 0) else 0, self._experts)
+        if out is not None and tuple(getattr(out, "shape", ())) != rows:
+            raise ValueError(f"router_logits: expected shape {list(rows)}, got {list(getattr(out, 'shape', ()))}")
         if out is None:
-            rows = (hidden.shape[0], self._experts)
             if _is_torch(hidden):
                 out = _torch().empty(rows, dtype=_torch().float32, device=hidden.device)
             else:

@@ -241,6 +241,26 @@ void bind_layer(nb::module_& m) {
           [](const RouterGate& gate, nb::handle hidden, nb::handle out) {
             const Borrowed h = borrow(hidden, "hidden_states");
             const Borrowed o = borrow_writable(out, "router_logits");
+            // The gate reads both on the host, as floats.
+            for (const auto& [t, name] :
+                 {std::pair{&h.view, "hidden_states"}, {&o.view, "router_logits"}}) {
+              if (t->device.kind != DeviceKind::cpu) {
+                throw nb::value_error(
+                    fmt::format("{}: the router runs on the CPU, got {}", name, t->describe())
+                        .c_str());
+              }
+            }
+            if (!dtype_is_float(h.view.dtype) || h.view.dtype == DType::f8e4m3) {
+              throw nb::value_error(
+                  fmt::format("hidden_states: dtype must be f32, bf16 or f16, got {}",
+                              h.view.describe())
+                      .c_str());
+            }
+            if (o.view.dtype != DType::f32 || !o.view.is_contiguous()) {
+              throw nb::value_error(
+                  fmt::format("router_logits: expected contiguous f32, got {}", o.view.describe())
+                      .c_str());
+            }
             nb::gil_scoped_release unlocked;
             gate.logits(h.view, o.view);
           },

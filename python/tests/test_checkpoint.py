@@ -1,6 +1,7 @@
 """Checkpoint.open on a tiny Mixtral saved by transformers (safetensors, no download): the spec,
 the router and the layer read from disk give the block's own output."""
 
+import pytest
 from conftest import needs_transformers, relative_l2
 
 import moekit
@@ -34,3 +35,13 @@ def test_checkpoint_layer_matches_the_saved_models_block(tmp_path):
         want = model.model.layers[1].mlp(hidden[None])[0]
         torch.testing.assert_close(logits, torch.nn.functional.linear(hidden, model.model.layers[1].mlp.gate.weight), rtol=1e-5, atol=1e-5)
     assert relative_l2(layer(hidden, logits).numpy(), want.double().numpy()) < 1e-5
+    router = checkpoint.router(1)
+    for bad, match in [(hidden[:, :10], "hidden_states: expected contiguous"), (hidden.double(), "float64"), (hidden.int(), "dtype must be")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            router.logits(bad)
+    with pytest.raises(ValueError, match="router_logits: expected shape"):
+        router.logits(hidden, out=torch.empty(5, 7))
+    with pytest.raises(ValueError, match="overlapped asked|a2a|refused"):
+        moekit.resolve(spec, moekit.Options(a2a="nccl"))
+    with pytest.raises(ValueError, match="no MoE weights|outside"):
+        checkpoint.spec(7)
