@@ -3,18 +3,26 @@ in a build without CUDA). On a GPU machine: pip install . && python -m pytest py
 
 import numpy as np
 import pytest
-from conftest import FORMATS, PRESETS, cuda_available, oracle, quantized_weights, random_inputs, random_layer, relative_l2, small_spec
+from conftest import PRESETS, cuda_available, oracle, quantized_weights, random_inputs, random_layer, relative_l2, small_spec
 
 import moekit
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU (or torch without CUDA, or moekit built without CUDA)")
 
-CUDA_FORMATS = {"bf16": 1e-2, "f16": 1e-2, "fp8-block": 5e-2}
+# What the cuda core reads (src/runner/cuda/cuda_core.cpp, cuda_reads): bf16/f16 and fp8 with
+# 128 x 128 blocks, per tensor or per channel; the GEMMs take their inputs in the weights' dtype.
+CUDA_FORMATS = {
+    "bf16": (lambda: moekit.Unquantized("bf16"), 1e-2),
+    "f16": (lambda: moekit.Unquantized("f16"), 1e-2),
+    "fp8-block": (lambda: moekit.Fp8Block(128), 5e-2),
+    "fp8-tensor": (lambda: moekit.Fp8Tensor(), 5e-2),
+    "fp8-channel": (lambda: moekit.Fp8Tensor("channel"), 5e-2),
+}
 
 
 def cuda_layer(preset, fmt, max_tokens=64):
     spec = small_spec(preset)
-    params = FORMATS[fmt][0]()
+    params = CUDA_FORMATS[fmt][0]()
     plan = moekit.resolve(spec, moekit.Options(device="cuda:0", weights=params, max_tokens=max_tokens))
     assert plan.runner == "cuda"
     given, exact = quantized_weights(spec, random_layer(spec), plan.quant)
@@ -35,7 +43,7 @@ def test_cuda_matches_oracle(preset, fmt, dtype_name):
     out, ids, weights = layer(h, l, return_routing=True)
     assert out.device == h.device and out.dtype == dtype and ids.is_cuda
     want, want_ids, _ = oracle(spec, exact, h.double().cpu().numpy(), l.double().cpu().numpy())
-    assert relative_l2(out.double().cpu().numpy(), want) < CUDA_FORMATS[fmt]
+    assert relative_l2(out.double().cpu().numpy(), want) < CUDA_FORMATS[fmt][1]
     np.testing.assert_array_equal(np.sort(ids.cpu().numpy(), axis=1), np.sort(want_ids, axis=1))
 
 
