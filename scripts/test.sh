@@ -52,7 +52,7 @@ for flavour in release asan; do
   (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
   if [ "$flavour" = release ]; then
     echo "== python tests, against the release build's module"
-    PYTHONPATH=build/release/python build/pyenv/bin/python -m pytest python/tests -q
+    PYTHONPATH=build/release/python build/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider
   fi
 done
 
