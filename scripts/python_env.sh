@@ -16,5 +16,6 @@ rm -rf "$env_dir"
 python3 -m venv "$env_dir"
 args=()
 for file in "${requirements[@]}"; do args+=(-r "$file"); done
-"$env_dir/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${args[@]}"
+# Bounded: a stalled download fails the stage instead of hanging CI.
+timeout 900 "$env_dir/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${args[@]}"
 touch "$env_dir/.moekit-$stamp"
