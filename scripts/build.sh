@@ -15,5 +15,10 @@ case "$flavour" in
     ;;
   *) echo "build.sh: unknown flavour '$flavour' (release, asan or tsan)" >&2; exit 1 ;;
 esac
+# The release build makes the Python module too where scripts/python_env.sh has made its
+# environment (MOEKIT_PYTHON=AUTO finds nanobind there).
+if [ "$flavour" = release ] && [ -x build/pyenv/bin/python ]; then
+  flags+=(-DPython_EXECUTABLE="$PWD/build/pyenv/bin/python")
+fi
 cmake -S . -B "build/$flavour" "${flags[@]}" >/dev/null
 cmake --build "build/$flavour" -j "$(nproc)" "${targets[@]}"

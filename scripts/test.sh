@@ -42,11 +42,18 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 rmdir "$findings"
 
+echo "== python: the test environment (build/pyenv, from PyPI; kept between runs)"
+scripts/python_env.sh
+
 for flavour in release asan; do
   echo "== $flavour build"
   scripts/build.sh "$flavour"
   echo "== $flavour tests"
   (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
+  if [ "$flavour" = release ]; then
+    echo "== python tests, against the release build's module"
+    PYTHONPATH=build/release/python build/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider
+  fi
 done
 
 # The thread pool and its users (top-k selection), the overlapped block form (its shared experts

@@ -43,10 +43,19 @@ void record_fallback(Plan& plan, Decision decision, const std::string& asked) {
 constexpr int kThreadsPerHardwareThread = 4;
 constexpr int kMinThreadLimit = 4;
 
+// Scratch memory is max_tokens times the layer's widths (each up to 2^20, top-k up to 2^16):
+// beyond this many tokens its size would overflow 64 bits and the layer would get too little.
+constexpr int64_t kMaxTokens = int64_t{1} << 24;
+
 void check_options(const Options& options, const Platform& platform) {
   if (options.max_tokens < 1) {
     refuse(fmt::format("max_tokens={}", options.max_tokens),
            "a layer must accept at least one token", "max_tokens >= 1");
+  }
+  if (options.max_tokens > kMaxTokens) {
+    refuse(fmt::format("max_tokens={}", options.max_tokens),
+           "the scratch memory it sizes would not fit a 64-bit size",
+           fmt::format("1 to {}", kMaxTokens));
   }
   if (options.tp.size < 1 || options.tp.rank < 0 || options.tp.rank >= options.tp.size) {
     refuse(fmt::format("tp size {} rank {}", options.tp.size, options.tp.rank),

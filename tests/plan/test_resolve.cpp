@@ -275,6 +275,8 @@ TEST(Resolve, BadOptionsAreRefused) {
   Options options;
   options.max_tokens = 0;
   expect_mentions(refusal(small_dsv3(), options), {"max_tokens"});
+  options.max_tokens = int64_t{1} << 62;
+  expect_mentions(refusal(small_dsv3(), options), {"max_tokens=4611686018427387904", "1 to"});
   options = Options{};
   options.ep = ExpertParallel::Rank(2, 2);
   expect_mentions(refusal(small_dsv3(), options), {"rank 2"});
