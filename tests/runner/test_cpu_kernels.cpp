@@ -400,6 +400,20 @@ TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
   }
 }
 
+// int4-group-a8's GEMM rows take the int8 GEMM where the CPU has AVX-512 VNNI and every K is
+// in whole int4 blocks with groups of at most 256; otherwise the f32 GEMM, with the reason.
+TEST(KernelChoice, Int4A8GemmRowsTakeTheInt8GemmWithVnni) {
+  const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
+  EXPECT_TRUE(planned_kernels(a8, 2048, 768, false, true).int8_gemm);
+  EXPECT_TRUE(planned_kernels(QuantParams::Int4GroupA8(32, DType::f16, true), 2048, 768, true, true)
+                  .int8_gemm);
+  EXPECT_FALSE(planned_kernels(a8, 2048, 768, true, false).int8_gemm);
+  const CpuKernels wide = planned_kernels(QuantParams::Int4GroupA8(512), 2048, 1024, false, true);
+  EXPECT_FALSE(wide.int8_gemm);
+  EXPECT_NE(wide.gemm_reason.find("groups of 512"), std::string::npos) << wide.gemm_reason;
+  EXPECT_FALSE(planned_kernels(QuantParams::Int4Group(128), 2048, 768, true, true).int8_gemm);
+}
+
 TEST(KernelChoice, IsPortableWithoutAvx2FmaAndF16c) {
   const CpuKernels k = cpu::choose_cpu_kernels(Platform::cpu_only(2), ModelSpec::demo(),
                                                QuantParams::Int4Group(128, DType::bf16, false));

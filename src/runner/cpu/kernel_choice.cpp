@@ -4,6 +4,7 @@
 
 #include "moekit/error.hpp"
 #include "runner/cpu/gemm_bf16.hpp"
+#include "runner/cpu/gemm_int8.hpp"
 #include "runner/cpu/panels.hpp"
 #include "runner/cpu/stream.hpp"
 
@@ -25,6 +26,26 @@ Int4RowsByActivations int4_rows(const QuantParams& q, int64_t hidden, int64_t in
 // Whether the GEMM rows of a layer in format q take the AVX-512 BF16 GEMM (given the CPU has
 // it), and why. Its weights must be exact in bf16 and every K the GEMMs meet (H, I, a shared
 // expert's I) must keep pairs of k inside one scale group.
+// Whether the GEMM rows of an int4-group-a8 layer can take the int8 GEMM (given AVX-512 VNNI):
+// every K it meets in whole int4 blocks and groups of at most one of its K-blocks.
+bool int8_gemm_reads(const ModelSpec& spec, const QuantParams& q, std::string& reason) {
+  if (q.weight_dtype != DType::i4 || q.activation != ActivationQuant::int8_per_token_group) {
+    return false;
+  }
+  for (const int64_t k : {spec.hidden, spec.intermediate, spec.shared_intermediate}) {
+    if (k == 0) continue;
+    const int64_t group = q.block_cols == 0 ? k : q.block_cols;
+    if (!gemm_int8_reads(group, k)) {
+      reason = fmt::format(
+          "; the int8 GEMM not for groups of {} along a K of {} (it needs multiples of 4 of at "
+          "most 256)",
+          group, k);
+      return false;
+    }
+  }
+  return true;
+}
+
 bool bf16_gemm_reads(const ModelSpec& spec, const QuantParams& q, std::string& reason) {
   switch (q.weight_dtype) {
     case DType::bf16:
@@ -111,10 +132,20 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
   } else {
     k.gemm_reason = "GEMM rows in f32 (no AVX-512 BF16)";
   }
+  std::string int8_reason;
+  k.int8_gemm = platform.avx512_vnni && int8_gemm_reads(spec, q, int8_reason);
+  if (k.int8_gemm) {
+    k.gemm_reason =
+        "GEMM rows quantised to int8 as the format defines them and multiplied by the "
+        "int4 codes on AVX-512 VNNI (vpdpbusd), exactly in int32 per group";
+  } else {
+    k.gemm_reason += int8_reason;
+  }
   k.routed_int4 = int4_rows(q, spec.hidden, spec.intermediate);
   k.shared_int4 = int4_rows(q, spec.hidden, spec.shared_intermediate);
   k.name = "avx2 panel16";
   if (k.bf16_gemm) k.name += " + avx512-bf16 gemm";
+  if (k.int8_gemm) k.name += " + int8 gemm";
   if (k.avx512_vnni) k.name += " + avx512-vnni";
   return k;
 }
