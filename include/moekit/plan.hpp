@@ -81,8 +81,13 @@ struct Int4RowsByActivations {
 };
 struct CpuKernels {
   CpuKernelSet set = CpuKernelSet::portable;
-  bool avx512_vnni = false;           // the integer streaming kernels use vpdpwssd / vpdpbusd
-  bool bf16_gemm = false;             // GEMM rows of bf16 weights x bf16 activations: AVX-512 BF16
+  bool avx512_vnni = false;  // the integer streaming kernels use vpdpwssd / vpdpbusd
+  // GEMM rows with bf16 activations: AVX-512 BF16 dot products (bf16 weights, or e4m3 and
+  // symmetric int4 widened exactly to bf16, their scales on the f32 sums of each group).
+  bool bf16_gemm = false;
+  // GEMM rows of int4-group-a8: the format's int8 rows times the int4 codes on AVX-512 VNNI.
+  bool int8_gemm = false;
+  std::string gemm_reason;            // why GEMM rows take the kernel they do
   Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)
   Int4RowsByActivations shared_int4;  // shared experts computed apart (their I may differ)
   std::string name;

@@ -162,6 +162,8 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
   Ceilings here = run.machine;
   here.read_bytes_per_s = Timing::Of(read_bandwidth).median_s;
   result.read_bytes_per_s = here.read_bytes_per_s;
+  result.read_before_bytes_per_s = read_bandwidth.front();
+  result.read_after_bytes_per_s = run.flusher.flush();
   // The GEMM the plan's kernels take sets the compute ceiling: bf16 dot products where they do.
   const bool bf16_dot = plan.cpu_kernels && plan.cpu_kernels->bf16_rows(DType::bf16);
   result.roofline =

@@ -59,6 +59,10 @@ struct CaseResult {
   double expected_distinct_experts = 0.0;
   Roofline roofline;              // its bandwidth floor from read_bytes_per_s
   double read_bytes_per_s = 0.0;  // median of the reads timed between this case's repeats
+  // The read right before the first timed repeat and one right after the last: how far the
+  // machine's bandwidth moved while the case ran.
+  double read_before_bytes_per_s = 0.0;
+  double read_after_bytes_per_s = 0.0;
   double error = 0.0;  // relative L2 against the reference, on the first kCheckedTokens tokens
   bool ok = false;
 

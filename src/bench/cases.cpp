@@ -22,7 +22,7 @@ std::vector<BenchCase> all_cases() {
                         {1, 8, 64, 512, 4096}, cuda),
       BenchCase::Routed("mixtral-8x7b", 8, 2, 4096, 14336, {bf16}, {1, 64, 1024}, cuda),
       BenchCase::Routed("cpu-qwen3-30b-a3b", 128, 8, 2048, 768,
-                        {bf16, int4_group, QuantParams::Int4GroupA8()}, {1, 16, 512},
+                        {bf16, int4_group, QuantParams::Int4GroupA8(), fp8_block}, {1, 16, 512},
                         DeviceKind::cpu),
   };
   cases[0].skewed_tokens = {64};

@@ -34,19 +34,20 @@ std::string BenchReport::table() const {
         100.0 * machine.cpu_share, machine.threads);
   }
   text += fmt::format(
-      "{:<18} {:<13} {:>5} {:<14} {:>9} {:>9} {:>9} {:>4} {:>11} {:>7} {:>9} {:>7} "
+      "{:<18} {:<13} {:>5} {:<14} {:>9} {:>9} {:>9} {:>4} {:>11} {:>7} {:>13} {:>9} {:>7} "
       "{:>7} {:>8} {:<7} {:>8} {}\n",
       "case", "weights", "T", "path", "median ms", "min ms", "max ms", "n", "D (unif.)", "read BW",
-      "floor ms", "floor%", "GB/s", "GFLOP/s", "bound", "error", "check");
+      "before/after", "floor ms", "floor%", "GB/s", "GFLOP/s", "bound", "error", "check");
   for (const CaseResult& r : results) {
     text += fmt::format(
         "{:<18} {:<13} {:>5} {:<14} {:>9.3f} {:>9.3f} {:>9.3f} {:>4} {:>4} ({:>5.1f}) {:>7.1f} "
-        "{:>9.3f} {:>6.1f}% {:>7.1f} {:>8.1f} {:<7} {:>8.1e} {}\n",
+        "{:>6.1f}/{:<6.1f} {:>9.3f} {:>6.1f}% {:>7.1f} {:>8.1f} {:<7} {:>8.1e} {}\n",
         r.case_name, r.format.name(), r.tokens, r.path, r.timing.median_s * 1e3,
         r.timing.min_s * 1e3, r.timing.max_s * 1e3, r.timing.repeats, r.distinct_experts,
-        r.expected_distinct_experts, r.read_bytes_per_s * 1e-9, r.roofline.floor_s * 1e3,
-        100.0 * r.floor_ratio(), r.bytes_per_s() * 1e-9, r.flops_per_s() * 1e-9,
-        bound_name(r.roofline.bound), r.error, r.ok ? "ok" : "FAILED");
+        r.expected_distinct_experts, r.read_bytes_per_s * 1e-9, r.read_before_bytes_per_s * 1e-9,
+        r.read_after_bytes_per_s * 1e-9, r.roofline.floor_s * 1e3, 100.0 * r.floor_ratio(),
+        r.bytes_per_s() * 1e-9, r.flops_per_s() * 1e-9, bound_name(r.roofline.bound), r.error,
+        r.ok ? "ok" : "FAILED");
   }
   const auto beats_floor = std::count_if(results.begin(), results.end(),
                                          [](const CaseResult& r) { return r.floor_ratio() > 1.0; });
@@ -90,6 +91,8 @@ std::string BenchReport::json() const {
                     {"bytes", r.roofline.bytes},
                     {"flops", static_cast<int64_t>(r.roofline.flops)},
                     {"read_bandwidth_gbs", r.read_bytes_per_s * 1e-9},
+                    {"read_bandwidth_before_gbs", r.read_before_bytes_per_s * 1e-9},
+                    {"read_bandwidth_after_gbs", r.read_after_bytes_per_s * 1e-9},
                     {"floor_ms", r.roofline.floor_s * 1e3},
                     {"floor_ratio", r.floor_ratio()},
                     {"gbs", r.bytes_per_s() * 1e-9},

@@ -34,9 +34,11 @@ inline float int8_code(float x, float scale) {
 
 // out[k] = the value GEMM input x[k] has after quantisation; x and out may be the same array.
 // static_scale is used by fp8_static only. Formats that keep activations leave the values.
+// `scales`, where given, gets the scale of each group (activation_group) of the row, for a core
+// that multiplies codes and applies the scales to its sums.
 template <typename T>
 void quantize_activation_row(const QuantParams& q, float static_scale, const float* x, int64_t n,
-                             T* out) {
+                             T* out, float* scales = nullptr) {
   if (!q.quantizes_activations()) {
     for (int64_t k = 0; k < n; ++k) out[k] = static_cast<T>(x[k]);
     return;
@@ -51,6 +53,7 @@ void quantize_activation_row(const QuantParams& q, float static_scale, const flo
       for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
       scale = std::max(amax, kActivationAmaxFloor) / (int8 ? kInt8Max : kE4M3Max);
     }
+    if (scales != nullptr) scales[k0 / group] = scale;
     if (int8) {
       for (int64_t k = k0; k < k1; ++k) {
         out[k] = static_cast<T>(int8_code(x[k], scale)) * static_cast<T>(scale);

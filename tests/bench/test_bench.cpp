@@ -168,6 +168,8 @@ TEST(BenchReport, JsonHasExactlyTheAgreedKeysInOrder) {
                                             "bytes",
                                             "flops",
                                             "read_bandwidth_gbs",
+                                            "read_bandwidth_before_gbs",
+                                            "read_bandwidth_after_gbs",
                                             "floor_ms",
                                             "floor_ratio",
                                             "gbs",
@@ -181,6 +183,8 @@ TEST(BenchReport, JsonCarriesTheFiguresInItsUnits) {
   BenchReport report;
   report.machine = kCeilings;
   report.results.push_back(made_up_result(1e-3));
+  report.results[0].read_before_bytes_per_s = 30e9;
+  report.results[0].read_after_bytes_per_s = 25e9;
   const CaseResult& r = report.results[0];
   const nlohmann::json json = nlohmann::json::parse(report.json());
   EXPECT_DOUBLE_EQ(json["machine"]["read_bandwidth_gbs"].get<double>(), 20.0);
@@ -193,6 +197,9 @@ TEST(BenchReport, JsonCarriesTheFiguresInItsUnits) {
   EXPECT_DOUBLE_EQ(row["floor_ratio"].get<double>(), r.roofline.floor_s / 0.05);
   EXPECT_NEAR(row["gbs"].get<double>(), static_cast<double>(r.roofline.bytes) / 0.05e9, 1e-9);
   EXPECT_EQ(row["bound"], bound_name(r.roofline.bound));
+  EXPECT_DOUBLE_EQ(row["read_bandwidth_before_gbs"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(row["read_bandwidth_after_gbs"].get<double>(), 25.0);
+  EXPECT_NE(report.table().find("30.0/25.0"), std::string::npos) << report.table();
 }
 
 TEST(BenchReport, TheTableMarksAResultOverTheToleranceFailed) {

@@ -22,7 +22,7 @@ std::string error_of(const std::function<void()>& call) {
   return "no error";
 }
 
-TEST(HeadlineCases, TheCpuTableIsQwen3InBf16AndInt4WithAndWithoutInt8Activations) {
+TEST(HeadlineCases, TheCpuTableIsQwen3InBf16Int4WithAndWithoutInt8ActivationsAndFp8Block) {
   const std::vector<BenchCase> cases = headline_cases(DeviceKind::cpu);
   ASSERT_EQ(cases.size(), 1u);
   const BenchCase& c = cases[0];
@@ -31,8 +31,9 @@ TEST(HeadlineCases, TheCpuTableIsQwen3InBf16AndInt4WithAndWithoutInt8Activations
   EXPECT_EQ(c.spec.routing.top_k, 8);
   EXPECT_EQ(c.spec.hidden, 2048);
   EXPECT_EQ(c.spec.intermediate, 768);
-  EXPECT_EQ(c.formats, (std::vector<QuantParams>{WeightFormat::bf16, WeightFormat::int4_group,
-                                                 QuantParams::Int4GroupA8()}));
+  EXPECT_EQ(c.formats,
+            (std::vector<QuantParams>{WeightFormat::bf16, WeightFormat::int4_group,
+                                      QuantParams::Int4GroupA8(), WeightFormat::fp8_block}));
   EXPECT_EQ(c.tokens, (std::vector<int64_t>{1, 16, 512}));
 }
 

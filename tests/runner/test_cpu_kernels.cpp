@@ -356,7 +356,24 @@ TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
   const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
   const QuantParams bf16 = QuantParams::Unquantized(WeightFormat::bf16);
   const KernelChoiceCase cases[] = {
-      {"int4, bf16 activations", int4, 2048, 768, DType::bf16, true, int16, false},
+      {"int4, bf16 activations", int4, 2048, 768, DType::bf16, true, int16, true},
+      {"int4, bf16 activations, no AVX-512 BF16", int4, 2048, 768, DType::bf16, false, int16,
+       false},
+      {"int4 with zero points, bf16 activations", QuantParams::Int4Group(128, DType::bf16, true),
+       2048, 768, DType::bf16, true, int16, false},
+      {"int4-a8, bf16 activations, AVX-512 BF16", a8, 2048, 768, DType::bf16, true, int8, false},
+      {"fp8-block, bf16 activations", QuantParams::Fp8Block(128), 2048, 768, DType::bf16, true, f32,
+       true},
+      {"fp8-tensor, bf16 activations, K odd", QuantParams::Fp8Tensor(), 2047, 767, DType::bf16,
+       true, f32, true},
+      {"fp8-block, f32 activations", QuantParams::Fp8Block(128), 2048, 768, DType::f32, true, f32,
+       false},
+      {"fp8-block of 127: a pair of k across two groups", QuantParams::Fp8Block(127), 2048, 768,
+       DType::bf16, true, f32, false},
+      {"int4 in groups of 30 along a K of 2040 (pairs stay in groups)",
+       QuantParams::Int4Group(30, DType::bf16, false), 2040, 780, DType::bf16, true, f32, true},
+      {"f16 weights, bf16 activations", QuantParams::Unquantized(WeightFormat::f16), 2048, 768,
+       DType::bf16, true, f32, false},
       {"int4, f16 activations", int4, 2048, 768, DType::f16, false, int16, false},
       {"int4, f32 activations", int4, 2048, 768, DType::f32, true, f32, false},
       {"int4, groups of 30 end inside a block", QuantParams::Int4Group(30, DType::bf16, false),
@@ -381,6 +398,20 @@ TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
     EXPECT_EQ(k.routed_int4.of(c.activations), c.int4_rows) << c.name;
     EXPECT_EQ(k.bf16_rows(c.activations), c.bf16_gemm) << c.name;
   }
+}
+
+// int4-group-a8's GEMM rows take the int8 GEMM where the CPU has AVX-512 VNNI and every K is
+// in whole int4 blocks with groups of at most 256; otherwise the f32 GEMM, with the reason.
+TEST(KernelChoice, Int4A8GemmRowsTakeTheInt8GemmWithVnni) {
+  const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
+  EXPECT_TRUE(planned_kernels(a8, 2048, 768, false, true).int8_gemm);
+  EXPECT_TRUE(planned_kernels(QuantParams::Int4GroupA8(32, DType::f16, true), 2048, 768, true, true)
+                  .int8_gemm);
+  EXPECT_FALSE(planned_kernels(a8, 2048, 768, true, false).int8_gemm);
+  const CpuKernels wide = planned_kernels(QuantParams::Int4GroupA8(512), 2048, 1024, false, true);
+  EXPECT_FALSE(wide.int8_gemm);
+  EXPECT_NE(wide.gemm_reason.find("groups of 512"), std::string::npos) << wide.gemm_reason;
+  EXPECT_FALSE(planned_kernels(QuantParams::Int4Group(128), 2048, 768, true, true).int8_gemm);
 }
 
 TEST(KernelChoice, IsPortableWithoutAvx2FmaAndF16c) {
@@ -510,10 +541,10 @@ TEST_P(GroupedRows, AddWeightedExpertOutputsIntoTheirTokenRows) {
     }
   }
   // int16 rows carry up to 2^-16 of each step's largest magnitude as error, in both GEMMs; bf16
-  // rounding up to 2^-9 of each input.
-  const double relative = c.activations == DType::f32                   ? 1e-4
-                          : c.format.params.weight_dtype == DType::bf16 ? 1e-2
-                                                                        : 1e-3;
+  // rounding (bf16 weights, or any GEMM whose rows are rounded to bf16) up to 2^-9 of each input.
+  const bool bf16_rounding =
+      c.format.params.weight_dtype == DType::bf16 || kernels.bf16_rows(c.activations);
+  const double relative = c.activations == DType::f32 ? 1e-4 : bf16_rounding ? 1e-2 : 1e-3;
   for (int64_t i = 0; i < tokens * H; ++i) {
     ASSERT_NEAR(out[i], want[i], relative * bound[i] + 1e-30)
         << "token " << i / H << " column " << i % H;

@@ -150,8 +150,12 @@ TEST_P(CpuLayer, MatchesTheOracleOfItsFormatOnEveryPath) {
     EXPECT_EQ(k.set,
               c.set == KernelSet::portable ? CpuKernelSet::portable : CpuKernelSet::avx2_panels);
     EXPECT_EQ(k.avx512_vnni, k.set == CpuKernelSet::avx2_panels && p.avx512_vnni);
-    EXPECT_EQ(k.bf16_gemm, k.set == CpuKernelSet::avx2_panels && p.avx512_bf16 &&
-                               quant.weight_dtype == DType::bf16);
+    // Weights exact in bf16 and GEMM inputs that bf16 may round or that are e4m3 codes (every
+    // shape here keeps pairs of k inside a scale group).
+    const bool exact_in_bf16 =
+        quant.weight_dtype == DType::bf16 || quant.weight_dtype == DType::f8e4m3 ||
+        (quant.weight_dtype == DType::i4 && !quant.zero_points && !quant.quantizes_activations());
+    EXPECT_EQ(k.bf16_gemm, k.set == CpuKernelSet::avx2_panels && p.avx512_bf16 && exact_in_bf16);
     MoeLayer layer(plan, given.view());
     for (DType hidden : {DType::f32, DType::bf16, DType::f16}) {
       for (int64_t tokens : path.tokens) {

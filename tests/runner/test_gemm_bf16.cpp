@@ -39,22 +39,39 @@ double bf16_value(float x) {
   return static_cast<double>(to_float(to_bf16(x)));
 }
 
-// A packed bf16 [n, k] matrix and the value of each weight.
+// A packed [n, k] matrix (bf16, e4m3 or int4 with one scale per row and group of group_k
+// values of k) and the value of each weight.
 struct TestPanels {
+  DType dtype = DType::bf16;
   int64_t n = 0;
   int64_t k = 0;
+  int64_t group_k = 0;  // 0 for bf16
   std::vector<uint8_t> data;
+  std::vector<float> scale;   // [panels][steps][16]
   std::vector<double> value;  // [n][k]
 
+  int64_t panels() const { return (n + kPanelRows - 1) / kPanelRows; }
+  int64_t steps() const { return group_k == 0 ? 0 : (k + group_k - 1) / group_k; }
+  // int4 stores K in whole blocks of 4 k (32 bytes); bf16 32 bytes per k, e4m3 16.
+  int64_t panel_bytes() const {
+    if (dtype == DType::i4) return (k + 3) / 4 * 32;
+    return k * (dtype == DType::bf16 ? 32 : 16);
+  }
   PanelMatrix view() const {
     PanelMatrix w;
-    w.dtype = DType::bf16;
+    w.dtype = dtype;
     w.data = data.data();
     w.n = n;
     w.k = k;
+    w.group_k = group_k;
+    w.scale = scale.empty() ? nullptr : scale.data();
     return w;
   }
   double at(int64_t row, int64_t col) const { return value[sz(row * k + col)]; }
+  float& scale_of(int64_t row, int64_t col) {
+    return scale[sz(((row / kPanelRows) * steps() + col / group_k) * kPanelRows +
+                    row % kPanelRows)];
+  }
   // Stores w(row, col) = v (rounded to bf16) at its panel16 place: panel row / 16, step col,
   // element row % 16.
   void set(int64_t row, int64_t col, float v) {
@@ -63,14 +80,37 @@ struct TestPanels {
     std::memcpy(data.data() + at * 2, &b.bits, 2);
     value[sz(row * k + col)] = to_float(b);
   }
+  // e4m3: byte row % 16 of step col. int4: the unsigned code u = q + 8 in block col / 4 of the
+  // panel, 16-bit lane 2 (row % 8) + col % 2, nibble (col % 4 < 2 ? 0 : 2) + (row % 16 < 8 ? 0 :
+  // 1) from the lowest; its value (u - 8) times the row's scale of the group.
+  void set_code(int64_t row, int64_t col, uint8_t code) {
+    uint8_t* panel = data.data() + (row / kPanelRows) * panel_bytes();
+    const int j = static_cast<int>(row % kPanelRows);
+    double v = 0.0;
+    if (dtype == DType::f8e4m3) {
+      panel[col * kPanelRows + j] = code;
+      v = to_float(e4m3_t{code});
+    } else {
+      const int64_t lane = 2 * (j % 8) + col % 2;
+      const int nibble = (col % 4 < 2 ? 0 : 2) + (j < 8 ? 0 : 1);
+      uint8_t* byte = panel + col / 4 * 32 + 2 * lane + nibble / 2;
+      const int shift = 4 * (nibble % 2);
+      *byte = static_cast<uint8_t>((*byte & ~(0xF << shift)) | ((code & 0xF) << shift));
+      v = static_cast<double>(code & 0xF) - 8.0;
+    }
+    value[sz(row * k + col)] = v * scale_of(row, col);
+  }
 };
 
 // Rows past n in the last panel are zero, as the layout says.
-TestPanels zero_panels(int64_t n, int64_t k) {
+TestPanels zero_panels(int64_t n, int64_t k, DType dtype = DType::bf16, int64_t group_k = 0) {
   TestPanels t;
+  t.dtype = dtype;
   t.n = n;
   t.k = k;
-  t.data.assign(sz(t.view().panels() * kPanelRows * k * 2), 0);
+  t.group_k = group_k;
+  t.data.assign(sz(t.panels() * t.panel_bytes()), 0);
+  t.scale.assign(sz(t.panels() * t.steps() * kPanelRows), 0.0f);
   t.value.assign(sz(n * k), 0.0);
   return t;
 }
@@ -81,6 +121,23 @@ TestPanels random_panels(int64_t n, int64_t k, uint64_t seed) {
   TestPanels t = zero_panels(n, k);
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t col = 0; col < k; ++col) t.set(row, col, normal(rng));
+  }
+  return t;
+}
+
+// Every e4m3 code but the two NaNs (subnormals, zeros of both signs and +-448 included), or
+// every int4 code, with scales of either sign spanning 2^-12 to 2^4.
+TestPanels random_quantized(DType dtype, int64_t n, int64_t k, int64_t group_k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> exponent(-12.0f, 4.0f);
+  TestPanels t = zero_panels(n, k, dtype, group_k);
+  for (float& s : t.scale) s = std::exp2(exponent(rng)) * (rng() % 2 == 0 ? 1.0f : -1.0f);
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t col = 0; col < k; ++col) {
+      uint8_t code = static_cast<uint8_t>(rng());
+      if (dtype == DType::f8e4m3 && (code & 0x7F) == 0x7F) code ^= 1;
+      t.set_code(row, col, code);
+    }
   }
   return t;
 }
@@ -143,15 +200,13 @@ std::vector<Case> cases() {
   return out;
 }
 
-class GemmPanelsBf16Matches : public testing::TestWithParam<Case> {};
-
-TEST_P(GemmPanelsBf16Matches, DoublePrecisionProductAndWritesOnlyItsPanels) {
-  SKIP_WITHOUT_AVX512_BF16();
-  const Case& c = GetParam();
-  const TestPanels w = random_panels(c.n, c.k, 7);
+// Runs the GEMM of case c on w with random activations (from seed) into a poisoned output and
+// checks every element: those of the range against a double-precision product of the
+// activations rounded to bf16 and the weights' values, the others untouched.
+void expect_product(const Case& c, const TestPanels& w, uint64_t seed) {
   const int64_t lda = c.k + 3;
   const int64_t ldc = c.n + 5;
-  std::mt19937_64 rng(11);
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> a(sz(c.m * lda));
   for (float& x : a) x = normal(rng);
@@ -177,15 +232,167 @@ TEST_P(GemmPanelsBf16Matches, DoublePrecisionProductAndWritesOnlyItsPanels) {
         want += term;
         magnitude += std::abs(term);
       }
-      // The products of two bf16 values are exact in f32, so only the f32 sums round: their
-      // errors, of random sign, stay far below 1e-5 of the sum of the terms' magnitudes,
-      // while a wrong weight, pair, row or unrounded activation misses by far more.
+      // The products of two bf16 values are exact in f32, so only the f32 sums (and, with
+      // scales, one product per group) round: their errors, of random sign, stay far below 1e-5
+      // of the sum of the terms' magnitudes, while a wrong weight, pair, row, scale or
+      // unrounded activation misses by far more.
       ASSERT_NEAR(got, want, 1e-5 * magnitude) << "row " << r << " column " << col;
     }
   }
 }
 
+class GemmPanelsBf16Matches : public testing::TestWithParam<Case> {};
+
+TEST_P(GemmPanelsBf16Matches, DoublePrecisionProductAndWritesOnlyItsPanels) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const Case& c = GetParam();
+  expect_product(c, random_panels(c.n, c.k, 7), 11);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmPanelsBf16Matches, testing::ValuesIn(cases()), case_name);
+
+struct QuantizedCase {
+  DType dtype;
+  int64_t group_k;
+  Case shape;
+};
+
+std::string quantized_name(const testing::TestParamInfo<QuantizedCase>& info) {
+  std::string name(info.param.dtype == DType::i4 ? "int4" : "e4m3");
+  name += "_group" + std::to_string(info.param.group_k) + "_" + describe(info.param.shape);
+  return name;
+}
+
+void PrintTo(const QuantizedCase& c, std::ostream* os) {
+  *os << quantized_name({c, 0});
+}
+
+// Groups: one scale per row (group = K, odd K for e4m3), groups below a K-block (several per
+// block, with a partial last group), one above it (K-blocks end where a group does, one of them
+// starting inside an int4 block of 4 k), tiny groups of 2; panel ranges as above. Rows: tile
+// heights and splits around 8, 32, and past one A block.
+std::vector<QuantizedCase> quantized_cases() {
+  struct Shape {
+    DType dtype;
+    int64_t group_k, k, n, p_begin, p_end;
+  };
+  const Shape shapes[] = {
+      {DType::f8e4m3, 601, 601, 33, 0, 3},  {DType::f8e4m3, 37, 37, 20, 0, 2},
+      {DType::f8e4m3, 128, 2048, 50, 1, 4}, {DType::f8e4m3, 128, 300, 48, 0, 3},
+      {DType::f8e4m3, 32, 201, 40, 0, 3},   {DType::f8e4m3, 384, 1000, 16, 0, 1},
+      {DType::f8e4m3, 2, 10, 17, 0, 2},     {DType::i4, 128, 2048, 50, 0, 4},
+      {DType::i4, 32, 768, 40, 1, 3},       {DType::i4, 302, 906, 33, 0, 3},
+      {DType::i4, 200, 200, 16, 0, 1},      {DType::i4, 64, 1000, 100, 2, 7},
+      {DType::i4, 2, 14, 20, 0, 2}};
+  std::vector<QuantizedCase> out;
+  for (const Shape& s : shapes) {
+    for (const int64_t m : {1, 5, 8, 9, 17, 32, 33}) {
+      out.push_back({s.dtype, s.group_k, {m, s.k, s.n, s.p_begin, s.p_end}});
+    }
+  }
+  out.push_back({DType::f8e4m3, 128, {300, 300, 48, 0, 3}});
+  out.push_back({DType::i4, 64, {300, 1000, 100, 2, 7}});
+  return out;
+}
+
+class GemmPanelsBf16Quantized : public testing::TestWithParam<QuantizedCase> {};
+
+// e4m3 and int4 weights widen to bf16 exactly and take their scales per group: the product of
+// their values, as panels.hpp defines them, with the activations rounded to bf16.
+TEST_P(GemmPanelsBf16Quantized, DoublePrecisionProductOfTheFormatsValues) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const QuantizedCase& c = GetParam();
+  const uint64_t seed = static_cast<uint64_t>(c.shape.m * 7919 + c.shape.k * 31 + c.group_k);
+  expect_product(c.shape, random_quantized(c.dtype, c.shape.n, c.shape.k, c.group_k, seed),
+                 seed + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GemmPanelsBf16Quantized, testing::ValuesIn(quantized_cases()),
+                         quantized_name);
+
+class GemmPanelsBf16InputScales : public testing::TestWithParam<QuantizedCase> {};
+
+// GEMM inputs that are e4m3 codes times a scale per row and group (the fp8 formats' quantised
+// activations), with those scales given: the product of the inputs as they are, not rounded to
+// bf16 (which would miss by up to 2^-9 of each value, far beyond the tolerance).
+TEST_P(GemmPanelsBf16InputScales, DoublePrecisionProductOfTheInputsAsTheyAre) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const QuantizedCase& c = GetParam();
+  const Case& shape = c.shape;
+  const uint64_t seed = static_cast<uint64_t>(shape.m * 131 + shape.k * 17 + c.group_k);
+  const TestPanels w = random_quantized(DType::f8e4m3, shape.n, shape.k, c.group_k, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> exponent(-20.0f, 6.0f);
+  const int64_t groups = w.steps();
+  const int64_t ld = groups + 1;
+  std::vector<float> scales(sz(shape.m * ld));
+  for (float& x : scales) x = std::exp2(exponent(rng));
+  const int64_t lda = shape.k + 3;
+  std::vector<float> a(sz(shape.m * lda));
+  for (int64_t r = 0; r < shape.m; ++r) {
+    for (int64_t kk = 0; kk < shape.k; ++kk) {
+      uint8_t code = static_cast<uint8_t>(rng());
+      if ((code & 0x7F) == 0x7F) code ^= 1;
+      a[sz(r * lda + kk)] = to_float(e4m3_t{code}) * scales[sz(r * ld + kk / c.group_k)];
+    }
+  }
+  const int64_t ldc = shape.n + 5;
+  std::vector<float> out(sz(shape.m * ldc), std::numeric_limits<float>::quiet_NaN());
+  Scratch work(shape.k);
+
+  gemm_panels_bf16(a.data(), lda, shape.m, w.view(), shape.p_begin, shape.p_end, out.data(), ldc,
+                   work.get(), {scales.data(), ld, c.group_k});
+
+  const int64_t first = shape.p_begin * kPanelRows;
+  const int64_t last = std::min(shape.p_end * kPanelRows, shape.n);
+  for (int64_t r = 0; r < shape.m; ++r) {
+    for (int64_t col = 0; col < ldc; ++col) {
+      const float got = out[sz(r * ldc + col)];
+      if (col < first || col >= last) {
+        ASSERT_TRUE(std::isnan(got)) << "row " << r << " column " << col << " was written";
+        continue;
+      }
+      double want = 0.0;
+      double magnitude = 0.0;
+      for (int64_t kk = 0; kk < shape.k; ++kk) {
+        const double term = static_cast<double>(a[sz(r * lda + kk)]) * w.at(col, kk);
+        want += term;
+        magnitude += std::abs(term);
+      }
+      ASSERT_NEAR(got, want, 1e-5 * magnitude) << "row " << r << " column " << col;
+    }
+  }
+}
+
+std::vector<QuantizedCase> input_scale_cases() {
+  std::vector<QuantizedCase> out;
+  for (const QuantizedCase& c : quantized_cases()) {
+    if (c.dtype == DType::f8e4m3) out.push_back(c);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8Inputs, GemmPanelsBf16InputScales,
+                         testing::ValuesIn(input_scale_cases()), quantized_name);
+
+// The e4m3 NaN codes stay NaN: only the rows of the column whose weight is one turn NaN.
+TEST(GemmPanelsBf16, E4m3NanWeightMakesItsColumnNan) {
+  SKIP_WITHOUT_AVX512_BF16();
+  TestPanels w = random_quantized(DType::f8e4m3, 32, 40, 40, 3);
+  w.set_code(5, 17, 0xFF);
+  const int64_t m = 3;
+  std::vector<float> a(sz(m * w.k), 0.5f);
+  std::vector<float> out(sz(m * w.n));
+  Scratch work(w.k);
+
+  gemm_panels_bf16(a.data(), w.k, m, w.view(), 0, 2, out.data(), w.n, work.get());
+
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t col = 0; col < w.n; ++col) {
+      EXPECT_EQ(std::isnan(out[sz(r * w.n + col)]), col == 5) << "row " << r << " column " << col;
+    }
+  }
+}
 
 // With w(n, k) = 1 where n == k and 0 elsewhere, c[r][n] = bf16(a[r][n]) exactly.
 TEST(GemmPanelsBf16, RoundsActivationsToNearestEven) {
@@ -315,6 +522,36 @@ TEST(GemmPanelsBf16, RejectsBadArguments) {
                  "must not be null");
   expect_invalid([&] { gemm_panels_bf16(a.data(), 8, 2, good, 0, 2, out.data(), 32, nullptr); },
                  "must not be null");
+  const TestPanels e4m3 = random_quantized(DType::f8e4m3, 20, 8, 8, 2);
+  PanelMatrix unscaled = e4m3.view();
+  unscaled.scale = nullptr;
+  expect_invalid(
+      [&] { gemm_panels_bf16(a.data(), 8, 1, unscaled, 0, 1, out.data(), 32, work.get()); },
+      "need a scale grid");
+  PanelMatrix odd_groups = e4m3.view();
+  odd_groups.group_k = 3;
+  expect_invalid(
+      [&] { gemm_panels_bf16(a.data(), 8, 1, odd_groups, 0, 1, out.data(), 32, work.get()); },
+      "groups of 3");
+  const TestPanels int4 = random_quantized(DType::i4, 20, 8, 8, 2);
+  PanelMatrix zero_points = int4.view();
+  const std::vector<float> offsets(int4.scale.size(), 8.0f);
+  zero_points.offset = offsets.data();
+  expect_invalid(
+      [&] { gemm_panels_bf16(a.data(), 8, 1, zero_points, 0, 1, out.data(), 32, work.get()); },
+      "zero points");
+  expect_invalid(
+      [&] {
+        gemm_panels_bf16(a.data(), 8, 1, e4m3.view(), 0, 1, out.data(), 32, work.get(),
+                         {e4m3.scale.data(), 1, 4});
+      },
+      "groups of 4");
+  expect_invalid(
+      [&] {
+        gemm_panels_bf16(a.data(), 8, 1, e4m3.view(), 0, 1, out.data(), 32, work.get(),
+                         {e4m3.scale.data(), 0, 8});
+      },
+      "stride 0");
   PanelMatrix empty = good;
   empty.k = 0;
   expect_invalid([&] { gemm_panels_bf16(a.data(), 8, 1, empty, 0, 0, out.data(), 32, work.get()); },

@@ -1,28 +1,36 @@
-// gemm_panels_bf16's kernel: a register-blocked GEMM over panel16 bf16 weights on vdpbf16ps.
+// gemm_panels_bf16's kernel: a register-blocked GEMM over panel16 weights on vdpbf16ps.
 //
 // vdpbf16ps adds, per 32-bit lane, the products of a pair of bf16 values (k, k + 1) of one
 // output row with the same pair of an input row. panel16 stores per k the 16 rows of a panel
-// next to each other, so two steps (k, k + 1) are one 64-byte load whose lanes hold the wrong
-// pairs; one vpermw makes them the pairs of rows 0..15. Each panel K-block is repacked that way
-// once per A block, into `work`, by the first row tile as it goes (so its loads from memory
-// overlap that tile's arithmetic the way the AVX2 kernel's do); the other tiles read the copy.
-// An A block is rounded to bf16 once, row by row: a row of bf16 in k order already is its
-// row of pairs, so every step of the micro-kernel takes one 32-bit broadcast per row.
+// next to each other, so the lanes of what is stored hold the wrong pairs (and e4m3 and int4 are
+// not bf16 at all). Each panel K-block is widened to bf16 pairs of rows 0..15 once per A block,
+// into `work`, by the first row tile as it goes (so that its loads from memory and its widening
+// overlap that tile's arithmetic); the other tiles read the copy:
+//   bf16  one vpermw per pair of k;
+//   e4m3  the codes' bits moved into an f16's (the value times 2^-8, subnormals included, as
+//         gemm_avx2.cpp's widen_e4m3 does), widened by F16C and rounded to bf16, which is exact;
+//         the 2^8 goes into the scale;
+//   int4  two shifts and a mask of one block (panels.hpp) give the codes of a pair of k in pair
+//         order, and one vpermw looks up code - 8 as bf16.
+// The scales of e4m3 and int4 (one per row and scale group, panels.hpp) multiply the f32 sums of
+// each group as the tile finishes it, adding them to the output tile, so no weight is rounded
+// on its way to the dot products. An A block is rounded to bf16 once, row by row: a row of bf16
+// in k order already is its row of pairs, and each dot product reads its row's pair itself (an
+// embedded broadcast), which keeps vpbroadcastd off the vector pipes the dot products need.
 //
 // Blocking: rows of `a` are taken kBlockM (256, the most a call of the runner gets) at a time
-// and K kBlockK (256) at a time. A tile is up to kTileRows (8) rows times kGroupPanels (2)
-// panels: 16 zmm sums, and per k-pair 2 loads of repacked weights, 8 broadcasts and 16
-// vdpbf16ps. A group's repacked K-block (2 x 128 pairs x 64 bytes = 16 KB) and a tile's rows
-// (8 x 576 bytes) stay in a 32 KB L1 (Zen 4's), which 4 panels or K-blocks of 512 would not.
-// Measured single-threaded on a Sapphire Rapids VM (the only AVX-512 BF16 machine at hand; its
-// vdpbf16ps starts one every other cycle, the rate of 256-bit f32 FMAs): 8x2 tiles reach ~90%
-// of that peak with the weights in DRAM, and 4x4, 5x4, 6x4, 10x2, 12x2, 14x2 tiles and K-blocks
-// of 512 and 2048 were no faster there (within the machine's noise of ~5%).
+// and K kBlockK (256, or whole scale groups: block_k) at a time. A tile is up to kTileRows (8)
+// rows times kGroupPanels (2) panels: 16 zmm sums, and per k-pair 2 loads of repacked weights and
+// 16 vdpbf16ps. A group's repacked K-block (2 x 128 pairs x 64 bytes = 16 KB) and a tile's rows
+// (8 x 576 bytes) stay in a 32 KB L1 (Zen 4's). While the packing tile of one group runs, it asks
+// for the next group's K-block (into L2), a whole group of tiles ahead of its use: measured on
+// one core of a Zen 4 VM, m = 32, K = 2048, weights from DRAM, that and the embedded broadcasts
+// took the kernel from 60% to 80% of the dot products' peak (86-88% with the weights in L2); 12x2
+// tiles and K-blocks of 128 were no faster, prefetching into L1 or L3 slower.
 
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "runner/cpu/gemm_bf16.hpp"
@@ -35,15 +43,17 @@ namespace {
 
 constexpr int kTileRows = 8;
 constexpr int kP = static_cast<int>(kGroupPanels);
-constexpr int64_t kStep = 16;  // bf16 values per panel step (one per row)
-// The packing tile asks for each panel's weights this far ahead: measured (Sapphire Rapids,
-// weights from DRAM) 5-10% faster than leaving it to the hardware prefetchers; 1-2 KB no better.
-constexpr int64_t kPrefetchBytes = 512;
+constexpr int64_t kStep = 16;  // values per panel step (one per row)
 
 // This file avoids std templates (std::min and the like): an inline function instantiated here
 // is compiled for AVX-512, and the linker may keep this copy for callers on any CPU.
 constexpr int64_t min64(int64_t x, int64_t y) {
   return x < y ? x : y;
+}
+
+// Bytes of one pair of k of a panel, as stored.
+constexpr int64_t pair_bytes(Widen widen) {
+  return widen == Widen::bf16 ? 64 : widen == Widen::e4m3 ? 32 : 16;
 }
 
 // Rounds 32 floats (lo: the first 16) to bf16, to nearest even. vcvtne2ps2bf16 flushes
@@ -52,26 +62,52 @@ MOEKIT_BF16_INLINE __m512i round_to_bf16(__m512 lo, __m512 hi) {
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// Rounds rows [0, rows) of the A block (K-block of kc values) to bf16 into `packed`, row r at
-// r * stride pairs; an odd kc leaves the last pair's second half zero.
-void pack_a(const float* a, int64_t lda, int64_t rows, int64_t kc, uint8_t* packed,
-            int64_t stride) {
+// Rounds rows [0, rows) of the A block (K-block [k0, k0 + kc)) to bf16 into `packed`, row r at
+// r * stride pairs; an odd kc leaves the last pair's second half zero. With input scales (`in`
+// at the block's row 0), each value is first multiplied by the inverse of its group's scale: an
+// e4m3 code times a scale, so times the inverse it is the code within a few f32 ulps, which the
+// rounding to bf16 takes back to the code exactly.
+void pack_a(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, uint8_t* packed,
+            int64_t stride, const InputScales& in) {
+  const auto mask16 = [](int64_t count) {
+    return static_cast<__mmask16>(count >= 16 ? 0xFFFF : count <= 0 ? 0 : (1 << count) - 1);
+  };
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = a + r * lda;
     uint8_t* dst = packed + r * stride * 4;
-    int64_t j = 0;
-    for (; j + 32 <= kc; j += 32) {
-      _mm512_storeu_si512(dst + j * 2,
-                          round_to_bf16(_mm512_loadu_ps(src + j), _mm512_loadu_ps(src + j + 16)));
+    if (in.scale == nullptr) {
+      int64_t j = 0;
+      for (; j + 32 <= kc; j += 32) {
+        _mm512_storeu_si512(dst + j * 2,
+                            round_to_bf16(_mm512_loadu_ps(src + j), _mm512_loadu_ps(src + j + 16)));
+      }
+      if (j < kc) {
+        const int64_t left = kc - j;
+        const __m512 lo = _mm512_maskz_loadu_ps(mask16(left), src + j);
+        const __m512 hi = _mm512_maskz_loadu_ps(mask16(left - 16), src + j + 16);
+        _mm512_storeu_si512(dst + j * 2, round_to_bf16(lo, hi));
+      }
+      continue;
     }
-    if (j < kc) {
-      const int64_t left = kc - j;
-      const auto mask = [](int64_t count) {
-        return static_cast<__mmask16>(count >= 16 ? 0xFFFF : count <= 0 ? 0 : (1 << count) - 1);
-      };
-      const __m512 lo = _mm512_maskz_loadu_ps(mask(left), src + j);
-      const __m512 hi = _mm512_maskz_loadu_ps(mask(left - 16), src + j + 16);
-      _mm512_storeu_si512(dst + j * 2, round_to_bf16(lo, hi));
+    for (int64_t j = 0; j < kc;) {
+      const int64_t g = (k0 + j) / in.group;
+      const int64_t end = min64(kc, (g + 1) * in.group - k0);
+      const __m512 inverse = _mm512_set1_ps(1.0f / in.scale[r * in.ld + g]);
+      for (; j < end; j += 32) {
+        const int64_t left = end - j;
+        const __m512 lo = _mm512_maskz_loadu_ps(mask16(left), src + j);
+        const __m512 hi = _mm512_maskz_loadu_ps(mask16(left - 16), src + j + 16);
+        const __mmask32 words =
+            left >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((uint64_t{1} << left) - 1);
+        _mm512_mask_storeu_epi16(
+            dst + j * 2, words,
+            round_to_bf16(_mm512_mul_ps(lo, inverse), _mm512_mul_ps(hi, inverse)));
+      }
+      j = end;
+    }
+    if (kc % 2 != 0) {
+      const uint16_t zero = 0;
+      __builtin_memcpy(dst + kc * 2, &zero, 2);
     }
   }
 }
@@ -85,57 +121,124 @@ struct TileOut {
 };
 
 struct TileIn {
-  const uint8_t* a;         // the tile's first packed row
-  int64_t a_stride;         // bytes between packed rows
-  const uint16_t* raw[kP];  // packing tile: the K-block of each panel, as stored
-  __m512i* packed;          // the repacked K-block: [pairs][P]
+  const uint8_t* a;        // the tile's first packed row
+  int64_t a_stride;        // bytes between packed rows
+  const uint8_t* raw[kP];  // packing tile: each panel as stored (its step 0)
+  const char* ahead[kP];   // packing tile: each panel's K-block that the next group packs
+  __m512i* packed;         // the widened K-block: [pairs][P]
+  int64_t k0;              // the K-block's first k
   int64_t kc;
+  int64_t group_pairs;     // pairs of k per scale group (the whole block without scales)
+  const float* scale[kP];  // e4m3 and int4: the K-block's first group's scales, per panel
+  float scale_factor;      // what the widened values lack (e4m3: 2^8)
+  const float* a_scale;    // input scales of row 0 for the K-block's first group, or null
+  int64_t a_scale_ld;
 };
 
-MOEKIT_BF16_INLINE __m512 dot(__m512 acc, __m512i w, __m512i x) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
+// acc + w . (the pair at `at`, in every lane), the pair read by the dot product itself
+// (embedded broadcast): a separate vpbroadcastd would take a vector pipe the dot products need.
+MOEKIT_BF16_INLINE __m512 dot_broadcast(__m512 acc, __m512i w, const uint8_t* at) {
+  __asm__("vdpbf16ps %[x]%{1to16%}, %[w], %[acc]"
+          : [acc] "+v"(acc)
+          : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(at)));
+  return acc;
 }
 
-MOEKIT_BF16_INLINE __m512i broadcast_pair(const uint8_t* at) {
-  int32_t pair;
-  std::memcpy(&pair, at, 4);
-  return _mm512_set1_epi32(pair);
+// Word 2j of a pair vector is row j at k, word 2j + 1 row j at k + 1; 16 rows at k followed by
+// the 16 at k + 1 (bf16 and e4m3 as stored) go there through one vpermw with this order.
+alignas(64) constexpr uint16_t kPairOrder[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                 21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+// What the packing tile keeps in registers to widen one dtype.
+struct WidenConstants {
+  __m512i order;     // kPairOrder
+  __m512i bits;      // int4: the bf16 of code - 8, by code; e4m3: 0xBF80 per word
+  __m512i low;       // int4: 0xF per word; e4m3: 0x3F80 per word (exponent and mantissa all ones)
+  __m512i shift[2];  // int4: per word, where its code sits in the block, for each pair of k
+};
+
+template <Widen kWiden>
+MOEKIT_BF16_INLINE WidenConstants widen_constants() {
+  WidenConstants c{};
+  if constexpr (kWiden == Widen::int4) {
+    alignas(64) static constexpr uint16_t kCodes[32] = {
+        0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // -8 .. -1
+        0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,  // 0 .. 7
+        0,      0,      0,      0,      0,      0,      0,      0,      0, 0, 0, 0, 0, 0, 0, 0};
+    c.bits = _mm512_load_si512(kCodes);
+    c.low = _mm512_set1_epi16(0xF);
+    const __m512i upper = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 4);
+    c.shift[0] = upper;
+    c.shift[1] = _mm512_add_epi16(upper, _mm512_set1_epi16(8));
+  } else {
+    c.order = _mm512_load_si512(kPairOrder);
+    if constexpr (kWiden == Widen::e4m3) {
+      c.bits = _mm512_set1_epi16(static_cast<int16_t>(0xBF80));
+      c.low = _mm512_set1_epi16(0x3F80);
+    }
+  }
+  return c;
 }
 
-// Rows 0..R-1 of a tile times P panels over one K-block. kPack: read the panels as stored and
-// write their repacked pairs for the tiles after this one.
-template <int R, int P, bool kPack>
+// The pair vector of steps (k, k + 1) of a panel whose step k is at `step`; k is absolute. The
+// second step of an odd K-block's last pair lies past the K-block (and perhaps the matrix):
+// `last_odd` reads it as zeros, as the A block's padding is.
+template <Widen kWiden>
+MOEKIT_BF16_INLINE __m512i widen_pair(const uint8_t* panel, int64_t k, bool last_odd,
+                                      const WidenConstants& c) {
+  if constexpr (kWiden == Widen::bf16) {
+    const uint8_t* src = panel + k * 2 * kStep;
+    const __m512i raw = last_odd ? _mm512_maskz_loadu_epi16(0xFFFF, src) : _mm512_loadu_si512(src);
+    return _mm512_permutexvar_epi16(c.order, raw);
+  } else if constexpr (kWiden == Widen::e4m3) {
+    const uint8_t* src = panel + k * kStep;
+    const __m256i raw = last_odd ? _mm256_maskz_loadu_epi8(0xFFFF, src)
+                                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    const __m512i code = _mm512_permutexvar_epi16(c.order, _mm512_cvtepi8_epi16(raw));
+    // Sign (sign-extended into bit 15), exponent and mantissa into an f16's; the NaN codes
+    // (exponent and mantissa all ones) become an f16 NaN.
+    const __m512i half = _mm512_and_si512(_mm512_slli_epi16(code, 7), c.bits);
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(half, c.low), c.low);
+    const __m512i f16 = _mm512_mask_mov_epi16(half, nan, _mm512_set1_epi16(-1));
+    // (The maskz forms with every lane set: g++ 12's plain ones warn of an undefined source.)
+    return round_to_bf16(
+        _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_extracti64x4_epi64(0xFF, f16, 0)),
+        _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_extracti64x4_epi64(0xFF, f16, 1)));
+  } else {
+    // Lane 2 (j % 8) + k % 2 of the block holds row j's codes: words 0..15 of the pair vector
+    // (rows 0-7) are its nibble for rows 0-7, words 16..31 (rows 8-15) the next nibble up; the
+    // block's second pair of k sits 8 bits higher. So the block in both halves, each word
+    // shifted by its own count.
+    const __m512i block = _mm512_maskz_broadcast_i64x4(
+        0xFF, _mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(panel + k / kInt4BlockK * kInt4BlockBytes)));
+    const __m512i codes = _mm512_srlv_epi16(block, c.shift[k % kInt4BlockK < 2 ? 0 : 1]);
+    return _mm512_permutexvar_epi16(_mm512_and_si512(codes, c.low), c.bits);
+  }
+}
+
+// Rows 0..R-1 of a tile times P panels over one K-block. kPack: widen the panels as stored and
+// write their pairs for the tiles after this one; otherwise read those pairs.
+template <int R, int P, bool kPack, Widen kWiden>
 void tile(const TileIn& in, const TileOut& out) {
   // vdpbf16ps has a latency of about 6 cycles and starts about one per cycle (Zen 4; one every
   // other cycle measured on Sapphire Rapids), so fewer than 8 sums leave it idle; small tiles
   // keep a second set for odd pairs.
   constexpr int kSets = R * P < 8 ? 2 : 1;
+  // bf16 has no scales; e4m3 and int4 always have them (panels.hpp).
+  constexpr bool kScaled = kWiden != Widen::bf16;
   __m512 acc[kSets][R][P];
-#pragma GCC unroll 32
-  for (int i = 0; i < kSets * R * P; ++i) acc[i / (R * P)][i / P % R][i % P] = _mm512_setzero_ps();
-
-  // Word 2j of a pair vector is row j at k, word 2j + 1 row j at k + 1; the load holds the 16
-  // rows at k in words 0..15 and those at k + 1 in words 16..31.
-  alignas(64) static constexpr uint16_t kPairs[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  __m512i order = _mm512_setzero_si512();
-  if constexpr (kPack) order = _mm512_load_si512(kPairs);
+  WidenConstants constants{};
+  if constexpr (kPack) constants = widen_constants<kWiden>();
 
   const auto step = [&](int64_t q, int set, bool last_odd) __attribute__((always_inline)) {
     __m512i w[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       if constexpr (kPack) {
-        const uint16_t* src = in.raw[p] + q * 2 * kStep;
-        if constexpr (kPrefetchBytes > 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
-        }
-        // The second step of the last pair lies past the K-block (and perhaps the matrix):
-        // it reads as zeros, as does the A block's padding.
-        const __m512i raw =
-            last_odd ? _mm512_maskz_loadu_epi16(0xFFFF, src) : _mm512_loadu_si512(src);
-        w[p] = _mm512_permutexvar_epi16(order, raw);
+        _mm_prefetch(in.ahead[p] + q * pair_bytes(kWiden), _MM_HINT_T1);
+        w[p] = widen_pair<kWiden>(in.raw[p], in.k0 + 2 * q, last_odd, constants);
         _mm512_store_si512(in.packed + q * P + p, w[p]);
       } else {
         w[p] = _mm512_load_si512(in.packed + q * P + p);
@@ -143,73 +246,125 @@ void tile(const TileIn& in, const TileOut& out) {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512i x = broadcast_pair(in.a + r * in.a_stride + q * 4);
+      const uint8_t* x = in.a + r * in.a_stride + q * 4;
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[set][r][p] = dot(acc[set][r][p], w[p], x);
+      for (int p = 0; p < P; ++p) acc[set][r][p] = dot_broadcast(acc[set][r][p], w[p], x);
+    }
+  };
+
+  // The sums of one scale group, times its scales, into the output tile.
+  const auto finish = [&](int64_t group, bool add) __attribute__((always_inline)) {
+    __m512 scale[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      scale[p] = _mm512_set1_ps(in.scale_factor);
+      if constexpr (kScaled) {
+        scale[p] = _mm512_mul_ps(_mm512_loadu_ps(in.scale[p] + group * kStep), scale[p]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        __m512 sum = acc[0][r][p];
+        if constexpr (kSets == 2) sum = _mm512_add_ps(sum, acc[1][r][p]);
+        if (in.a_scale != nullptr) {
+          sum = _mm512_mul_ps(sum, _mm512_set1_ps(in.a_scale[r * in.a_scale_ld + group]));
+        }
+        float* dst = out.c + r * out.ldc + p * kStep;
+        const bool whole = p < P - 1 || out.last_cols == kStep;
+        const auto cols = static_cast<__mmask16>(whole ? 0xFFFF : (1u << out.last_cols) - 1);
+        const __m512 before = add ? _mm512_maskz_loadu_ps(cols, dst) : _mm512_setzero_ps();
+        sum = kScaled ? _mm512_fmadd_ps(sum, scale[p], before) : _mm512_add_ps(sum, before);
+        if (whole) {
+          _mm512_storeu_ps(dst, sum);
+        } else {
+          _mm512_mask_storeu_ps(dst, cols, sum);
+        }
+      }
     }
   };
 
   const int64_t full = in.kc / 2;
   int64_t q = 0;
-  for (; q + kSets <= full; q += kSets) {
-#pragma GCC unroll 2
-    for (int s = 0; s < kSets; ++s) step(q + s, s, false);
-  }
-  for (; q < full; ++q) step(q, 0, false);
-  if (in.kc % 2 != 0) step(full, 0, true);
-
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      __m512 sum = acc[0][r][p];
-      if constexpr (kSets == 2) sum = _mm512_add_ps(sum, acc[1][r][p]);
-      float* dst = out.c + r * out.ldc + p * kStep;
-      if (p < P - 1 || out.last_cols == kStep) {
-        if (out.accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(dst));
-        _mm512_storeu_ps(dst, sum);
-      } else {
-        const auto cols = static_cast<__mmask16>((1u << out.last_cols) - 1);
-        if (out.accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(cols, dst));
-        _mm512_mask_storeu_ps(dst, cols, sum);
-      }
+  for (int64_t group = 0; q < full || (group == 0 && in.kc % 2 != 0); ++group) {
+#pragma GCC unroll 32
+    for (int i = 0; i < kSets * R * P; ++i) {
+      acc[i / (R * P)][i / P % R][i % P] = _mm512_setzero_ps();
     }
+    const int64_t end = min64(full, q + in.group_pairs);
+    for (; q + kSets <= end; q += kSets) {
+#pragma GCC unroll 2
+      for (int s = 0; s < kSets; ++s) step(q + s, s, false);
+    }
+    for (; q < end; ++q) step(q, 0, false);
+    // Only the last K-block can have an odd length, and its last group ends with it.
+    if (q == full && in.kc % 2 != 0) step(full, 0, true);
+    finish(group, out.accumulate || group > 0);
   }
 }
 
 using TileFn = void (*)(const TileIn&, const TileOut&);
 
-// tile<R, P, kPack> for every R in [1, kTileRows] and P in [1, kP].
+// tile<R, P, kPack, W> for every R in [1, kTileRows], P in [1, kP], and W.
 struct TileTable {
-  TileFn fn[2][kTileRows][kP];
+  TileFn fn[3][2][kTileRows][kP];
 };
 
-template <bool kPack, int P, int... Rm1>
+template <Widen kWiden, bool kPack, int P, int... Rm1>
 constexpr void fill_rows(TileTable& t, std::integer_sequence<int, Rm1...>) {
-  ((t.fn[kPack][Rm1][P - 1] = &tile<Rm1 + 1, P, kPack>), ...);
+  ((t.fn[static_cast<int>(kWiden)][kPack][Rm1][P - 1] = &tile<Rm1 + 1, P, kPack, kWiden>), ...);
 }
 
-template <int... Pm1>
-constexpr TileTable make_table(std::integer_sequence<int, Pm1...>) {
+template <Widen kWiden, int... Pm1>
+constexpr void fill_widen(TileTable& t, std::integer_sequence<int, Pm1...>) {
+  (fill_rows<kWiden, false, Pm1 + 1>(t, std::make_integer_sequence<int, kTileRows>{}), ...);
+  (fill_rows<kWiden, true, Pm1 + 1>(t, std::make_integer_sequence<int, kTileRows>{}), ...);
+}
+
+constexpr TileTable make_table() {
   TileTable t{};
-  (fill_rows<false, Pm1 + 1>(t, std::make_integer_sequence<int, kTileRows>{}), ...);
-  (fill_rows<true, Pm1 + 1>(t, std::make_integer_sequence<int, kTileRows>{}), ...);
+  fill_widen<Widen::bf16>(t, std::make_integer_sequence<int, kP>{});
+  fill_widen<Widen::e4m3>(t, std::make_integer_sequence<int, kP>{});
+  fill_widen<Widen::int4>(t, std::make_integer_sequence<int, kP>{});
   return t;
 }
 
-constexpr TileTable kTiles = make_table(std::make_integer_sequence<int, kP>{});
+constexpr TileTable kTiles = make_table();
+
+// Where the packing tile of the group after (g, k0) finds its weights: the next group of the
+// range in the same K-block, else the range's first group in the next K-block, else the panels
+// after the range (the next call's, as the runner makes them) at k = 0.
+struct Ahead {
+  int64_t panel;
+  int64_t k0;
+};
+Ahead next_group(const Weights& w, int64_t g, int64_t k0, int64_t kc, int64_t p_begin,
+                 int64_t p_end) {
+  if (g + kP < p_end) return {g + kP, k0};
+  if (k0 + kc < w.k) return {p_begin, k0 + kc};
+  const int64_t panels = (w.n + kStep - 1) / kStep;
+  return {p_end < panels ? p_end : p_begin, 0};
+}
+
+const char* raw_at(const Weights& w, int64_t panel, int64_t k0) {
+  const int64_t panels = (w.n + kStep - 1) / kStep;
+  return reinterpret_cast<const char*>(w.data + min64(panel, panels - 1) * w.panel_bytes +
+                                       k0 * pair_bytes(w.widen) / 2);
+}
 
 }  // namespace
 
-void gemm_unchecked(const float* a, int64_t lda, int64_t m, const uint16_t* panels, int64_t n,
-                    int64_t k, int64_t p_begin, int64_t p_end, float* c, int64_t ldc, void* work) {
+void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, int64_t p_begin,
+                    int64_t p_end, float* c, int64_t ldc, void* work, const InputScales& input) {
   auto* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work) + 63) &
                                                 ~static_cast<uintptr_t>(63));
-  const int64_t kc_max = min64(k, kBlockK);
-  const int64_t stride = a_stride_pairs(kc_max);
+  const int64_t stride = a_stride_pairs(min64(w.k, kBlockK));
   uint8_t* const a_block = base;
   auto* const group = reinterpret_cast<__m512i*>(a_block + kBlockM * stride * 4);
-  const int64_t panel_values = k * kStep;
+  const int widen = static_cast<int>(w.widen);
+  // e4m3 widens to its value times 2^-8 (widen_pair).
+  const float scale_factor = w.widen == Widen::e4m3 ? 256.0f : 1.0f;
 
   for (int64_t m0 = 0; m0 < m; m0 += kBlockM) {
     const int64_t rows = min64(kBlockM, m - m0);
@@ -218,29 +373,47 @@ void gemm_unchecked(const float* a, int64_t lda, int64_t m, const uint16_t* pane
     const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
     const int64_t base_rows = rows / tiles;
     const int64_t longer = rows % tiles;
-    for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
-      const int64_t kc = min64(kBlockK, k - k0);
-      pack_a(a + m0 * lda + k0, lda, rows, kc, a_block, stride);
+    for (int64_t k0 = 0; k0 < w.k;) {
+      const int64_t kc = block_k(w.k, w.group_k, k0);
+      InputScales block_scales = input;
+      if (input.scale != nullptr) block_scales.scale = input.scale + m0 * input.ld;
+      pack_a(a + m0 * lda + k0, lda, rows, k0, kc, a_block, stride, block_scales);
       for (int64_t g = p_begin; g < p_end; g += kP) {
         const int np = static_cast<int>(min64(kP, p_end - g));
         TileIn in{};
         in.a_stride = stride * 4;
         in.packed = group;
+        in.k0 = k0;
         in.kc = kc;
-        for (int p = 0; p < np; ++p) in.raw[p] = panels + (g + p) * panel_values + k0 * kStep;
+        in.group_pairs = w.group_k > 0 && w.group_k < kc ? w.group_k / 2 : (kc + 1) / 2;
+        in.scale_factor = scale_factor;
+        const Ahead next = next_group(w, g, k0, kc, p_begin, p_end);
+        for (int p = 0; p < kP; ++p) {
+          in.ahead[p] = raw_at(w, next.panel + p, next.k0);
+          if (p >= np) continue;
+          in.raw[p] = w.data + (g + p) * w.panel_bytes;
+          if (w.group_k > 0) {
+            in.scale[p] = w.scale + ((g + p) * w.scale_steps + k0 / w.group_k) * kStep;
+          }
+        }
         TileOut out{};
         out.ldc = ldc;
-        out.last_cols = min64(kStep, n - (g + np - 1) * kStep);
+        out.last_cols = min64(kStep, w.n - (g + np - 1) * kStep);
         out.accumulate = k0 > 0;
         int64_t row = 0;
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t r = base_rows + (t < longer ? 1 : 0);
           in.a = a_block + row * stride * 4;
+          if (input.scale != nullptr) {
+            in.a_scale = block_scales.scale + row * input.ld + k0 / w.group_k;
+            in.a_scale_ld = input.ld;
+          }
           out.c = c + (m0 + row) * ldc + g * kStep;
-          kTiles.fn[t == 0][r - 1][np - 1](in, out);
+          kTiles.fn[widen][t == 0][r - 1][np - 1](in, out);
           row += r;
         }
       }
+      k0 += kc;
     }
   }
 }

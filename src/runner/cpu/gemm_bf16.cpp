@@ -13,8 +13,8 @@ namespace {
 
 void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
                      int64_t p_end, const float* c, int64_t ldc, const void* work) {
-  require(w.dtype == DType::bf16, "gemm_panels_bf16: weight dtype {} is not bf16",
-          dtype_name(w.dtype));
+  require(w.dtype == DType::bf16 || w.dtype == DType::f8e4m3 || w.dtype == DType::i4,
+          "gemm_panels_bf16: weight dtype {} is not bf16, e4m3 or int4", dtype_name(w.dtype));
   require(w.n > 0 && w.k > 0 && w.data != nullptr,
           "gemm_panels_bf16: weights [{}, {}] must be a non-empty matrix with data", w.n, w.k);
   require(0 <= p_begin && p_begin <= p_end && p_end <= w.panels(),
@@ -28,9 +28,30 @@ void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& 
   const int64_t last_col = std::min(p_end * kPanelRows, w.n);
   require(m == 1 || ldc >= last_col, "gemm_panels_bf16: ldc {} is less than the {} columns written",
           ldc, last_col);
+  if (w.dtype == DType::bf16) return;
+  require(w.group_k > 0 && w.scale != nullptr,
+          "gemm_panels_bf16: {} weights need a scale grid (group_k {})", dtype_name(w.dtype),
+          w.group_k);
+  require(w.offset == nullptr, "gemm_panels_bf16: int4 weights with zero points are not read here");
+  require(gemm_bf16_reads(w.dtype, false, w.group_k, w.k),
+          "gemm_panels_bf16: {} weights in groups of {} along a K of {} would split a pair of k "
+          "between two groups (odd group or K)",
+          dtype_name(w.dtype), w.group_k, w.k);
+}
+
+bf16_gemm::Widen widen_of(DType dtype) {
+  if (dtype == DType::f8e4m3) return bf16_gemm::Widen::e4m3;
+  return dtype == DType::i4 ? bf16_gemm::Widen::int4 : bf16_gemm::Widen::bf16;
 }
 
 }  // namespace
+
+bool gemm_bf16_reads(DType dtype, bool zero_points, int64_t group_k, int64_t k) {
+  if (dtype == DType::bf16) return true;
+  const bool pairs_in_groups = group_k % 2 == 0 || group_k >= k;
+  if (dtype == DType::f8e4m3) return pairs_in_groups;
+  return dtype == DType::i4 && !zero_points && k % 2 == 0 && pairs_in_groups;
+}
 
 int64_t gemm_bf16_scratch_bytes(int64_t k) {
   const int64_t kc = std::clamp<int64_t>(k, 0, bf16_gemm::kBlockK);
@@ -40,11 +61,28 @@ int64_t gemm_bf16_scratch_bytes(int64_t k) {
 }
 
 void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
-                      int64_t p_end, float* c, int64_t ldc, void* work) {
+                      int64_t p_end, float* c, int64_t ldc, void* work,
+                      const InputScales& input_scales) {
   check_arguments(a, lda, m, w, p_begin, p_end, c, ldc, work);
   if (m == 0 || p_begin == p_end) return;
-  bf16_gemm::gemm_unchecked(a, lda, m, reinterpret_cast<const uint16_t*>(w.data), w.n, w.k, p_begin,
-                            p_end, c, ldc, work);
+  if (input_scales.scale != nullptr) {
+    require(w.dtype != DType::bf16 && input_scales.group == w.group_k,
+            "gemm_panels_bf16: input scales in groups of {} need weights with scale groups of the "
+            "same size (got {} weights, group {})",
+            input_scales.group, dtype_name(w.dtype), w.group_k);
+    require(input_scales.ld >= w.scale_steps(),
+            "gemm_panels_bf16: input scale stride {} is less than the {} groups of a row",
+            input_scales.ld, w.scale_steps());
+  }
+  const bf16_gemm::Weights weights{.widen = widen_of(w.dtype),
+                                   .data = w.data,
+                                   .n = w.n,
+                                   .k = w.k,
+                                   .panel_bytes = w.panel_bytes(),
+                                   .group_k = w.dtype == DType::bf16 ? 0 : w.group_k,
+                                   .scale_steps = w.scale_steps(),
+                                   .scale = w.scale};
+  bf16_gemm::gemm_unchecked(a, lda, m, weights, p_begin, p_end, c, ldc, work, input_scales);
 }
 
 }  // namespace moekit::cpu

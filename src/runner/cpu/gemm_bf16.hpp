@@ -1,10 +1,13 @@
 #pragma once
-// The many-rows GEMM of the cpu core for bf16 weights on AVX-512 BF16 dot products (vdpbf16ps,
-// two multiply-adds per f32 lane and instruction): activations [m, K] (f32, row-major), each
-// rounded to bf16 (to nearest, ties to even, as a model's own bf16 matmuls round them), times a
-// panel16 bf16 weight matrix [N, K]^T, summed in f32. The caller chooses it only where the
-// layer's activations are bf16 anyway, splits panels across threads (one call is
-// single-threaded), only where the plan's CpuKernels::bf16_gemm says the CPU has AVX-512 BF16.
+// The many-rows GEMM of the cpu core on AVX-512 BF16 dot products (vdpbf16ps, two
+// multiply-adds per f32 lane and instruction): activations [m, K] (f32, row-major), each rounded
+// to bf16 (to nearest, ties to even, as a model's own bf16 matmuls round them), times a panel16
+// weight matrix [N, K]^T, summed in f32. The weights are bf16, or e4m3 or symmetric int4, whose
+// values (e4m3 codes, int4 codes less 8) are exact in bf16: they are widened to bf16 once per
+// K-block and their scales multiply the f32 sums of each scale group, so the weights mean
+// exactly what their format says. The caller chooses it only where the layer's activations are
+// bf16 anyway, splits panels across threads (one call is single-threaded), only where the plan's
+// CpuKernels::bf16_gemm says the CPU has AVX-512 BF16 and the format suits it.
 
 #include <cstdint>
 
@@ -16,13 +19,32 @@ namespace moekit::cpu {
 // group of repacked panel K-blocks; about 160 KB for K >= 256).
 int64_t gemm_bf16_scratch_bytes(int64_t k);
 
+// Whether gemm_panels_bf16 reads weights of this dtype, with or without zero points (int4), in
+// scale groups of group_k values of a K of k: bf16; e4m3 and symmetric int4 where a group is
+// even or spans the whole row (so that no pair of k straddles two groups); int4 needs an even K.
+bool gemm_bf16_reads(DType dtype, bool zero_points, int64_t group_k, int64_t k);
+
+// The scales of GEMM inputs that a format quantises (fp8: e4m3 codes times a scale per row and
+// group of columns): row r's values in group g, columns [g * group, (g + 1) * group), are codes
+// times scale[r * ld + g]. The GEMM divides them out before rounding to bf16, which leaves the
+// e4m3 codes exactly, and multiplies each group's f32 sums by them, so such inputs lose nothing
+// to bf16. The groups must be the weights' scale groups (group == w.group_k).
+struct InputScales {
+  const float* scale = nullptr;  // null: inputs taken as they are
+  int64_t ld = 0;
+  int64_t group = 0;
+};
+
 // c[r * ldc + n] = sum_k bf16(a[r * lda + k]) * w(n, k), r in [0, m), n in [16 * p_begin,
-// min(16 * p_end, w.n)), where bf16(x) rounds to nearest even. Overwrites those elements of c
-// (n is the absolute row of w) and no others. w.dtype must be bf16. `work` holds
-// gemm_bf16_scratch_bytes(w.k) bytes (any alignment) and is clobbered. Throws
-// Errc::invalid_argument for a bad range, stride or dtype.
+// min(16 * p_end, w.n)), where bf16(x) rounds to nearest even and w(n, k) is the weight as
+// panels.hpp defines it. Overwrites those elements of c (n is the absolute row of w) and no
+// others. w must be one gemm_bf16_reads accepts. `work` holds gemm_bf16_scratch_bytes(w.k) bytes
+// (any alignment) and is clobbered. Throws Errc::invalid_argument for a bad range, stride, dtype
+// or scale grid.
+// With input scales, bf16(a) is bf16(a / scale) * scale (InputScales).
 void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
-                      int64_t p_end, float* c, int64_t ldc, void* work);
+                      int64_t p_end, float* c, int64_t ldc, void* work,
+                      const InputScales& input_scales = {});
 
 namespace bf16_gemm {
 
@@ -38,11 +60,40 @@ constexpr int64_t a_stride_pairs(int64_t kc) {
   return ((kc + 1) / 2 + 15) / 16 * 16 + 16;
 }
 
+// The values of k of the K-block that starts at k0: at most kBlockK, and for weights with
+// scales (group_k > 0) either whole groups or a part of one group, so that the scales of a
+// K-block change only where a group ends.
+constexpr int64_t block_k(int64_t k, int64_t group_k, int64_t k0) {
+  const int64_t left = k - k0;
+  int64_t kc = kBlockK;
+  if (group_k > 0 && group_k <= kBlockK) kc = kBlockK / group_k * group_k;
+  if (group_k > kBlockK && (k0 / group_k + 1) * group_k - k0 < kc) {
+    kc = (k0 / group_k + 1) * group_k - k0;
+  }
+  return left < kc ? left : kc;
+}
+
+// How the kernel widens a panel's stored values to bf16.
+enum class Widen : uint8_t { bf16, e4m3, int4 };
+
+// A panel16 matrix as the kernel reads it: plain fields, so that the AVX-512 file calls no
+// inline function of panels.hpp (the linker could keep its AVX-512 copy for other callers).
+struct Weights {
+  Widen widen = Widen::bf16;
+  const uint8_t* data = nullptr;  // panel p at data + p * panel_bytes
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t panel_bytes = 0;
+  int64_t group_k = 0;           // values of k per scale step; 0 for bf16 (no scales)
+  int64_t scale_steps = 0;       // per panel
+  const float* scale = nullptr;  // [panels][scale_steps][16]
+};
+
 // The kernel without the checks: the arguments are valid, m > 0, p_begin < p_end and the CPU
-// has AVX-512 BF16. `panels` is w.data as bf16, n and k w's. Kept apart so that the checks,
-// their messages and the CPU probe are compiled without AVX-512 (and so run on any CPU).
-void gemm_unchecked(const float* a, int64_t lda, int64_t m, const uint16_t* panels, int64_t n,
-                    int64_t k, int64_t p_begin, int64_t p_end, float* c, int64_t ldc, void* work);
+// has AVX-512 BF16. Kept apart so that the checks, their messages and the CPU probe are compiled
+// without AVX-512 (and so run on any CPU).
+void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, int64_t p_begin,
+                    int64_t p_end, float* c, int64_t ldc, void* work, const InputScales& input);
 
 }  // namespace bf16_gemm
 

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "moekit/error.hpp"
+#include "runner/cpu/gemm_bf16.hpp"
+#include "runner/cpu/gemm_int8.hpp"
 #include "runner/cpu/panels.hpp"
 #include "runner/cpu/stream.hpp"
 
@@ -19,6 +21,79 @@ Int4RowsByActivations int4_rows(const QuantParams& q, int64_t hidden, int64_t in
   }
   if (int8) return {Int4Rows::int8, Int4Rows::int8};
   return {Int4Rows::f32, Int4Rows::int16};
+}
+
+// Whether the GEMM rows of a layer in format q take the AVX-512 BF16 GEMM (given the CPU has
+// it), and why. Its weights must be exact in bf16 and every K the GEMMs meet (H, I, a shared
+// expert's I) must keep pairs of k inside one scale group.
+// Whether the GEMM rows of an int4-group-a8 layer can take the int8 GEMM (given AVX-512 VNNI):
+// every K it meets in whole int4 blocks and groups of at most one of its K-blocks.
+bool int8_gemm_reads(const ModelSpec& spec, const QuantParams& q, std::string& reason) {
+  if (q.weight_dtype != DType::i4 || q.activation != ActivationQuant::int8_per_token_group) {
+    return false;
+  }
+  for (const int64_t k : {spec.hidden, spec.intermediate, spec.shared_intermediate}) {
+    if (k == 0) continue;
+    const int64_t group = q.block_cols == 0 ? k : q.block_cols;
+    if (!gemm_int8_reads(group, k)) {
+      reason = fmt::format(
+          "; the int8 GEMM not for groups of {} along a K of {} (it needs multiples of 4 of at "
+          "most 256)",
+          group, k);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool bf16_gemm_reads(const ModelSpec& spec, const QuantParams& q, std::string& reason) {
+  switch (q.weight_dtype) {
+    case DType::bf16:
+      reason = "bf16 weights";
+      break;
+    case DType::f8e4m3:
+      // The fp8 formats' GEMM inputs are e4m3 codes times a scale per row and group, the
+      // weights' groups: the GEMM takes the codes (exact in bf16) and applies both scales to the
+      // f32 sums, so it rounds nothing the f32 GEMM does not. (Rounding the inputs themselves to
+      // bf16 would move GEMM1's sums enough to flip GEMM2's quantised inputs by e4m3 steps.)
+      reason =
+          "e4m3 weights widened exactly to bf16 once per K-block, the e4m3 inputs taken as "
+          "their codes, the weights' and the inputs' scales on the f32 sums of each group";
+      break;
+    case DType::i4:
+      if (q.activation == ActivationQuant::int8_per_token_group) {
+        reason =
+            "not for int4-group-a8: its rows are int8 values times scales, not bf16 values, "
+            "so they keep the f32 GEMM, which computes them exactly";
+        return false;
+      }
+      if (q.zero_points) {
+        reason =
+            "not for int4 with zero points: code - offset per row and group is not widened "
+            "here, so they keep the f32 GEMM";
+        return false;
+      }
+      reason =
+          "int4 codes less 8 widened exactly to bf16 once per K-block, their scales on the "
+          "f32 sums of each group";
+      break;
+    default:
+      reason = fmt::format("not for {} weights, which bf16 cannot hold exactly",
+                           dtype_name(q.weight_dtype));
+      return false;
+  }
+  for (const int64_t k : {spec.hidden, spec.intermediate, spec.shared_intermediate}) {
+    if (k == 0) continue;
+    const int64_t group = q.block_cols == 0 ? k : q.block_cols;
+    if (!gemm_bf16_reads(q.weight_dtype, q.zero_points, group, k)) {
+      reason = fmt::format(
+          "not for scale groups of {} along a K of {}: a pair of k would "
+          "straddle two groups",
+          group, k);
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string_view int4_rows_name(Int4Rows rows) {
@@ -44,11 +119,33 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
   }
   k.set = CpuKernelSet::avx2_panels;
   k.avx512_vnni = platform.avx512_vnni;
-  k.bf16_gemm = platform.avx512_bf16 && q.weight_dtype == DType::bf16;
+  std::string reads;
+  const bool bf16_format = bf16_gemm_reads(spec, q, reads);
+  k.bf16_gemm = platform.avx512_bf16 && bf16_format;
+  if (k.bf16_gemm) {
+    k.gemm_reason =
+        "GEMM rows with bf16 activations rounded to bf16 and run on AVX-512 BF16 dot "
+        "products (" +
+        reads + ")";
+  } else if (platform.avx512_bf16) {
+    k.gemm_reason = "GEMM rows in f32; the AVX-512 BF16 GEMM " + reads;
+  } else {
+    k.gemm_reason = "GEMM rows in f32 (no AVX-512 BF16)";
+  }
+  std::string int8_reason;
+  k.int8_gemm = platform.avx512_vnni && int8_gemm_reads(spec, q, int8_reason);
+  if (k.int8_gemm) {
+    k.gemm_reason =
+        "GEMM rows quantised to int8 as the format defines them and multiplied by the "
+        "int4 codes on AVX-512 VNNI (vpdpbusd), exactly in int32 per group";
+  } else {
+    k.gemm_reason += int8_reason;
+  }
   k.routed_int4 = int4_rows(q, spec.hidden, spec.intermediate);
   k.shared_int4 = int4_rows(q, spec.hidden, spec.shared_intermediate);
   k.name = "avx2 panel16";
   if (k.bf16_gemm) k.name += " + avx512-bf16 gemm";
+  if (k.int8_gemm) k.name += " + int8 gemm";
   if (k.avx512_vnni) k.name += " + avx512-vnni";
   return k;
 }
@@ -60,9 +157,7 @@ std::string describe(const CpuKernels& k) {
   std::string text =
       "AVX2+FMA+F16C: weights packed in panels of 16 rows at load, streamed for few rows, "
       "blocked GEMM for many";
-  text += k.bf16_gemm ? "; bf16 x bf16 GEMM rows rounded to bf16 and run on AVX-512 BF16 dot "
-                        "products"
-                      : "; GEMM rows in f32";
+  text += "; " + k.gemm_reason;
   if (k.routed_int4.half != Int4Rows::f32 || k.routed_int4.f32 != Int4Rows::f32) {
     text += fmt::format(
         "; int4 rows streamed as {} (f32 activations) / {} (bf16, f16 activations), {} dot "

@@ -11,9 +11,11 @@ namespace moekit::cpu {
 // Decides the kernels of a layer of `spec` in format q on `platform`:
 // - the base set: the AVX2+FMA+F16C panel16 kernels where the CPU has all three, else the
 //   portable row-at-a-time code on the canonical layout;
-// - bf16 GEMM rows: bf16 weights against bf16 activations take the AVX-512 BF16 GEMM
-//   (gemm_panels_bf16), which rounds the GEMM's inputs to bf16 as the model's own bf16 matmuls
-//   do; f16 (finer than bf16) and f32 activations keep the f32 GEMM;
+// - bf16 GEMM rows: bf16 activations against bf16, e4m3 or symmetric int4 weights (all exact
+//   in bf16) take the AVX-512 BF16 GEMM (gemm_panels_bf16), which rounds the GEMM's inputs to
+//   bf16 as the model's own bf16 matmuls do and applies the weights' scales to the f32 sums of
+//   each group; f16 (finer than bf16) and f32 activations keep the f32 GEMM, as do int4 with zero
+//   points and int4-group-a8 (whose int8 rows the f32 GEMM computes exactly);
 // - streamed int4 rows (few rows per expert): int8 where the format quantises activations to
 //   int8; int16 for activations that came in as bf16 or f16 (an error of at most 2^-16 of a
 //   step's largest value, far below those dtypes' own rounding); f32 otherwise, and wherever a

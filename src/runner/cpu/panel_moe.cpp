@@ -8,6 +8,7 @@
 #include "quant/activation_quant.hpp"
 #include "runner/cpu/gemm.hpp"
 #include "runner/cpu/gemm_bf16.hpp"
+#include "runner/cpu/gemm_int8.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/kernels.hpp"
 
@@ -52,6 +53,7 @@ struct CallScratch {
   float* work;
   RowCodes codes;
   void* bf16_work;
+  void* int8_work;
 };
 
 void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
@@ -63,11 +65,28 @@ void for_rows(ThreadPool& pool, int64_t n, int64_t elements,
   }
 }
 
+// Rows quantised to int8 for the int8 GEMM: row r's codes at q + r * ld, its per-group scales
+// and sums of codes at scale + r * steps and sums + r * steps.
+struct Int8Codes {
+  int8_t* q = nullptr;
+  int64_t ld = 0;
+  float* scale = nullptr;
+  float* sums = nullptr;
+  int64_t steps = 0;
+
+  Int8Matrix matrix() const { return {q, ld, scale, sums, steps}; }
+};
+
 struct PanelMoe::Shared {
-  float* act;       // [max_rows, I]: GEMM2's inputs
-  float* x_sums;    // int4: [max_rows, hidden_steps_]
-  float* act_sums;  // int4: [max_rows, intermediate_steps_]
-  int32_t* ready;   // [slots]: the parts done with the slot's GEMM1, when one loop runs both
+  float* act;         // [max_rows, I]: GEMM2's inputs
+  float* x_sums;      // int4: [max_rows, hidden_steps_]
+  float* act_sums;    // int4: [max_rows, intermediate_steps_]
+  int32_t* ready;     // [slots]: the parts done with the slot's GEMM1, when one loop runs both
+  float* x_scales;    // fp8 on the bf16 GEMM: [max_rows, hidden_groups_], the inputs' scales
+  float* act_scales;  // and [max_rows, intermediate_groups_]
+  // int4-group-a8 on the int8 GEMM: its rows quantised (quantize_int8), GEMM1's and GEMM2's.
+  Int8Codes x_int8;
+  Int8Codes act_int8;
 };
 
 struct PanelMoe::Worker {
@@ -77,6 +96,7 @@ struct PanelMoe::Worker {
   float* work;  // the GEMM's scratch
   RowCodes codes;
   void* bf16_work = nullptr;  // gemm_panels_bf16's scratch
+  void* int8_work = nullptr;  // gemm_panels_int8's
 };
 
 PanelMoe::PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels,
@@ -85,7 +105,9 @@ PanelMoe::PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels,
       kernels_(kernels),
       int4_(int4),
       hidden_steps_(int4_steps(problem.quant, problem.hidden)),
-      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)) {
+      intermediate_steps_(int4_steps(problem.quant, problem.intermediate)),
+      hidden_groups_(input_scale_groups(problem.hidden)),
+      intermediate_groups_(input_scale_groups(problem.intermediate)) {
   ScratchCarver shared;
   carve_shared(shared);
   shared_bytes_ = shared.bytes();
@@ -94,11 +116,39 @@ PanelMoe::PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels,
   worker_bytes_ = worker.bytes();
 }
 
+int64_t PanelMoe::input_scale_groups(int64_t k) const {
+  const QuantParams& q = problem_.quant;
+  // The bf16 GEMM takes fp8 GEMM inputs as e4m3 codes and their scales (InputScales).
+  if (!kernels_.bf16_gemm || q.weight_dtype != DType::f8e4m3 || !q.quantizes_activations()) {
+    return 0;
+  }
+  const int64_t group = activation_group(q, k);
+  return (k + group - 1) / group;
+}
+
 PanelMoe::Shared PanelMoe::carve_shared(ScratchCarver& carver) const {
   const int64_t rows = problem_.max_rows();
-  return {carver.take<float>(rows * problem_.intermediate),
-          carver.take<float>(rows * hidden_steps_), carver.take<float>(rows * intermediate_steps_),
-          carver.take<int32_t>(problem_.slots)};
+  Shared s{carver.take<float>(rows * problem_.intermediate),
+           carver.take<float>(rows * hidden_steps_),
+           carver.take<float>(rows * intermediate_steps_),
+           carver.take<int32_t>(problem_.slots),
+           nullptr,
+           nullptr,
+           {},
+           {}};
+  if (hidden_groups_ > 0) {
+    s.x_scales = carver.take<float>(rows * hidden_groups_);
+    s.act_scales = carver.take<float>(rows * intermediate_groups_);
+  }
+  if (kernels_.int8_gemm) {
+    const auto take = [&](int64_t k, int64_t steps) {
+      return Int8Codes{carver.take<int8_t>(rows * k), k, carver.take<float>(rows * steps),
+                       carver.take<float>(rows * steps), steps};
+    };
+    s.x_int8 = take(problem_.hidden, hidden_steps_);
+    s.act_int8 = take(problem_.intermediate, intermediate_steps_);
+  }
+  return s;
 }
 
 int64_t PanelMoe::tile_columns() const {
@@ -127,6 +177,7 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
   if (kernels_.bf16_rows(DType::bf16)) {
     w.bf16_work = carver.take<std::byte>(gemm_bf16_scratch_bytes(widest));
   }
+  if (kernels_.int8_gemm) w.int8_work = carver.take<std::byte>(gemm_int8_scratch_bytes());
   return w;
 }
 
@@ -139,7 +190,7 @@ bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
 }
 
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
-  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work};
+  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work, w.int8_work};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -197,6 +248,8 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
   const int64_t steps = stage.down ? intermediate_steps_ : hidden_steps_;
   const float static_scale =
       stage.down ? stage.weights.w2_input_scale : stage.weights.w13_input_scale;
+  float* scales = stage.down ? stage.shared.act_scales : stage.shared.x_scales;
+  const int64_t groups = stage.down ? intermediate_groups_ : hidden_groups_;
   const PanelWeights& packed = panel_weights(stage.weights);
   const PanelStack& panels = stage.down ? packed.w2 : packed.w13;
   // The int8 kernel quantises the rows it streams itself, from the values as they are, to the
@@ -210,10 +263,17 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
       if (!use_gemm(*slot_end - slot_end[-1])) continue;
     }
     float* row = x + r * width;
+    if (int8 && kernels_.int8_gemm) {
+      const Int8Codes& codes = stage.down ? stage.shared.act_int8 : stage.shared.x_int8;
+      quantize_int8(row, width, panels.first.group_k, codes.q + r * codes.ld,
+                    codes.scale + r * codes.steps, codes.sums + r * codes.steps);
+      continue;
+    }
     if (int8) {
       round_to_int8(row, width, q.activation_group);
     } else {
-      quantize_activation_row(q, static_scale, row, width, row);
+      quantize_activation_row(q, static_scale, row, width, row,
+                              scales == nullptr ? nullptr : scales + r * groups);
     }
     if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
   }
@@ -255,6 +315,11 @@ struct Inputs {
   Int4Rows stream;
   bool vnni;  // the integer kernels take AVX-512 VNNI's dot products
   bool bf16;  // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
+  // fp8 on the bf16 GEMM: row r's scales at scales + r * groups (InputScales), else null.
+  const float* scales;
+  int64_t groups;
+  // int4-group-a8 on the int8 GEMM: the GEMM rows quantised; q null otherwise.
+  Int8Matrix int8;
 };
 
 // Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
@@ -314,9 +379,16 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
     if (gemm) {
       for (int64_t rc = r0; rc < r1; rc += kGemmRows) {
         const int64_t mr = std::min(kGemmRows, r1 - rc);
-        if (in.bf16) {
+        if (in.int8.q != nullptr) {
+          const Int8Matrix& a = in.int8;
+          gemm_panels_int8(
+              {a.q + rc * a.ldq, a.ldq, a.scale + rc * a.steps, a.sums + rc * a.steps, a.steps}, mr,
+              m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work);
+        } else if (in.bf16) {
+          const InputScales scales{in.scales == nullptr ? nullptr : in.scales + rc * in.groups,
+                                   in.groups, m.group_k};
           gemm_panels_bf16(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y,
-                           scratch.tile_columns, scratch.bf16_work);
+                           scratch.tile_columns, scratch.bf16_work, scales);
         } else {
           gemm_panels(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y, scratch.tile_columns,
                       scratch.work);
@@ -372,7 +444,7 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     if (r0 == r1) continue;
     multiply(w13.slot(slot), p0, p1,
              {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              bf16_inputs(rows)},
+              bf16_inputs(rows), s.x_scales, hidden_groups_, s.x_int8.matrix()},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
@@ -418,7 +490,7 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     }
     multiply(w2.slot(slot), p0, p1,
              {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              bf16_inputs(rows)},
+              bf16_inputs(rows), s.act_scales, intermediate_groups_, s.act_int8.matrix()},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                const int64_t n0 = pc * kPanelRows;

@@ -94,6 +94,10 @@ class PanelMoe {
   Int4RowsByActivations int4_;
   int64_t hidden_steps_ = 0;        // int4: scale steps along H (GEMM1's K)
   int64_t intermediate_steps_ = 0;  // and along I (GEMM2's K)
+  // fp8 on the bf16 GEMM: the inputs' scale groups along H and I (InputScales); 0 otherwise.
+  int64_t input_scale_groups(int64_t k) const;
+  int64_t hidden_groups_ = 0;
+  int64_t intermediate_groups_ = 0;
   int64_t shared_bytes_ = 0;
   int64_t worker_bytes_ = 0;
 };
