@@ -45,11 +45,37 @@ rmdir "$findings"
 echo "== python: the test environment (build/pyenv, from PyPI; kept between runs)"
 scripts/python_env.sh
 
+# The gtest binary, one shard per core, each shard one process (a test's failure and the
+# skipped tests are listed in its shard's log, printed when it fails); bounded in time.
+run_gtest_shards() {
+  local binary=$1 shards
+  shards=$(nproc)
+  local logs=() pids=() failed=0
+  for ((i = 0; i < shards; i++)); do
+    logs+=("$(mktemp "${TMPDIR:-/tmp}/moekit-shard.XXXXXX")")
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${MOEKIT_TEST_SECONDS:-1800}" \
+      "$binary" --gtest_brief=1 >"${logs[$i]}" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < shards; i++)); do
+    if wait "${pids[$i]}"; then
+      grep -E '^\[  (PASSED|SKIPPED) +\]|tests? from .* ran' "${logs[$i]}" || true
+    else
+      echo "-- shard $i of $binary failed (exit $?):"
+      cat "${logs[$i]}"
+      failed=1
+    fi
+    rm -f "${logs[$i]}"
+  done
+  return "$failed"
+}
+
 for flavour in release asan; do
   echo "== $flavour build"
   scripts/build.sh "$flavour"
   echo "== $flavour tests"
-  (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)")
+  run_gtest_shards "build/$flavour/tests/moekit_tests"
+  (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)" -LE gtest)
   if [ "$flavour" = release ]; then
     echo "== python tests, against the release build's module"
     PYTHONPATH=build/release/python build/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider
