@@ -189,7 +189,7 @@ int run_a2a_bench(const BenchFlags& f) {
     spec = custom.front().spec;
   }
   Options options = f.plan.options();
-  options.ep = ExpertParallel::Rank(platform.world_size, platform.world_rank);
+  options.ep = ExpertParallel::Rank(platform.world_size, platform.world_rank, f.plan.redundant);
   options.runner = RunnerKind::cpu;
   const std::vector<int64_t> tokens =
       f.tokens ? bench::parse_token_list(*f.tokens) : std::vector<int64_t>{16, 256};
@@ -296,6 +296,10 @@ Command add_bench_command(CLI::App& app) {
                    "mpirun against a bare MPI_Alltoallv")
       ->capture_default_str();
   bench->add_option("--a2a-mode", f->plan.a2a_mode, "a2a mpi: auto, normal, low-latency")
+      ->capture_default_str();
+  bench
+      ->add_option("--redundant", f->plan.redundant,
+                   "a2a mpi: redundant expert replicas (to divide the experts over the ranks)")
       ->capture_default_str();
   bench
       ->add_option("--comm-timeout", f->plan.comm_timeout_s,

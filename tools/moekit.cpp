@@ -156,7 +156,9 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
 
                        static_cast<double>(spec.hidden);
   const bool ok = error < 2e-2;  // bf16 output: a few ulps of bf16 on the sum
-  const std::string who = ranks ? fmt::format("rank {} of {}: ", rank, plan.options.ep.size) : "";
+  const std::string who =
+      ranks ? fmt::format("rank {} of {}: ", plan.platform.world_rank, plan.platform.world_size)
+            : "";
   std::printf(
       "%sresult: %lld tokens, relative L2 error vs %sreference %.2e (%s, bf16 tolerance 2e-2)\n",
       who.c_str(), static_cast<long long>(tokens), ranks ? "the single-process " : "", error,

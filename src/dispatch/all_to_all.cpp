@@ -11,10 +11,13 @@
 //   low-latency: one round: header, rows, then pairs, in one message into a fixed slot per
 //                source rank, sized by max_tokens; no count round; the rows are then copied out
 //                into the runner's input.
-// Both then combine in one round: the partial sums go back by the reverse exchange.
+// Both then combine in one round: the partial sums go back by the reverse exchange. A rank's rows
+// for its own experts never enter an exchange: they are packed straight into the runner's input
+// (its first rows), and their sums are read where the runner left them.
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "core/scratch.hpp"
 #include "core/thread_pool.hpp"
@@ -90,7 +93,7 @@ class AllToAllDispatcher final : public Dispatcher {
     } else {
       exchange_normal(ctx, row_bytes, a);
     }
-    const int64_t received = got_offset_[size_ - 1] + got_[size_ - 1];
+    const int64_t received = std::accumulate(got_.begin(), got_.end(), int64_t{0});
     return {TensorView::contiguous(a.input, dtype_, {received, H}),
             a.in_slots,
             a.in_weights,
@@ -104,15 +107,17 @@ class AllToAllDispatcher final : public Dispatcher {
     const Arrays a = carve_at(scratch);
     const int64_t H = p_.hidden, row = H * static_cast<int64_t>(sizeof(float));
     for (int r = 0; r < size_; ++r) {
+      const bool other = r != me_;
       arrays_.send_offsets[r] = got_offset_[r] * row;
-      arrays_.send_bytes[r] = got_[r] * row;
+      arrays_.send_bytes[r] = other ? got_[r] * row : 0;
       arrays_.recv_offsets[r] = r * p_.max_tokens * row;
-      arrays_.recv_capacity[r] = sent_[r] * row;
+      arrays_.recv_capacity[r] = other ? sent_[r] * row : 0;
     }
     comm_.all_to_all(ctx, arrays_.view(a.sums, a.back), step("combine: partial sums"));
     // Each element adds its ranks' parts in rank order, whatever order they arrived in. The
     // loop's lambda holds one pointer, which std::function stores without allocating.
-    const Sum sum{a.back, a.token_of, sent_.data(), combined, H, tokens_, p_.max_tokens, size_};
+    const Sum sum{a.back, a.sums,  a.token_of,    sent_.data(), combined,
+                  H,      tokens_, p_.max_tokens, size_,        me_};
     ctx.threads().parallel_for(H, [&sum](int64_t h0, int64_t h1) { sum.columns(h0, h1); });
   }
 
@@ -173,6 +178,8 @@ class AllToAllDispatcher final : public Dispatcher {
         p_.mode == A2AMode::low_latency ? p_.max_tokens * p_.hidden * kMaxElementBytes : 0;
     return round16(static_cast<int64_t>(sizeof(Header)) + rows + pairs_bytes(p_.max_tokens));
   }
+  // The rows a message to or from rank r carries: none to or from this rank itself.
+  int64_t rows_on_wire(int r, int64_t rows) const { return r == me_ ? 0 : rows; }
   // Where a message's pairs start: after the header, and in low-latency mode after its rows.
   int64_t pairs_at(int64_t rows, int64_t row_bytes) const {
     return static_cast<int64_t>(sizeof(Header)) +
@@ -227,8 +234,9 @@ class AllToAllDispatcher final : public Dispatcher {
         for (int k = 0; k < columns; ++k) {
           pairs[k] = {a.dest_of[k] == r ? slot_there(id[k]) : -1, weights[t * columns + k]};
         }
-        std::byte* to = low_latency ? message_at(a, r) + sizeof(Header) + i * row_bytes
-                                    : a.send_rows + (r * p_.max_tokens + i) * row_bytes;
+        std::byte* to = r == me_      ? a.input + i * row_bytes
+                        : low_latency ? message_at(a, r) + sizeof(Header) + i * row_bytes
+                                      : a.send_rows + (r * p_.max_tokens + i) * row_bytes;
         std::memcpy(to, rows + t * row_bytes, static_cast<size_t>(row_bytes));
       }
     }
@@ -246,10 +254,11 @@ class AllToAllDispatcher final : public Dispatcher {
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
     read_headers(a, row_bytes);
     for (int r = 0; r < size_; ++r) {
+      const bool other = r != me_;
       arrays_.send_offsets[r] = r * p_.max_tokens * row_bytes;
-      arrays_.send_bytes[r] = sent_[r] * row_bytes;
+      arrays_.send_bytes[r] = other ? sent_[r] * row_bytes : 0;
       arrays_.recv_offsets[r] = got_offset_[r] * row_bytes;
-      arrays_.recv_capacity[r] = got_[r] * row_bytes;
+      arrays_.recv_capacity[r] = other ? got_[r] * row_bytes : 0;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_rows, a.input), step("dispatch: rows"));
     unpack_pairs(a, row_bytes);
@@ -259,18 +268,18 @@ class AllToAllDispatcher final : public Dispatcher {
     const int64_t capacity = message_capacity();
     for (int r = 0; r < size_; ++r) {
       write_header(message_at(a, r), kOk, sent_[r], dtype_);
-      std::memcpy(message_at(a, r) + pairs_at(sent_[r], row_bytes),
-                  a.send_rows + pairs_bytes(r * p_.max_tokens),
+      const int64_t pairs = pairs_at(rows_on_wire(r, sent_[r]), row_bytes);
+      std::memcpy(message_at(a, r) + pairs, a.send_rows + pairs_bytes(r * p_.max_tokens),
                   static_cast<size_t>(pairs_bytes(sent_[r])));
       arrays_.send_offsets[r] = r * capacity;
-      arrays_.send_bytes[r] = pairs_at(sent_[r], row_bytes) + pairs_bytes(sent_[r]);
+      arrays_.send_bytes[r] = pairs + pairs_bytes(sent_[r]);
       arrays_.recv_offsets[r] = r * capacity;
       arrays_.recv_capacity[r] = capacity;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
     read_headers(a, row_bytes);
     for (int r = 0; r < size_; ++r) {
-      if (got_[r] == 0) continue;
+      if (got_[r] == 0 || r == me_) continue;
       std::memcpy(a.input + got_offset_[r] * row_bytes, a.recv_msg + r * capacity + sizeof(Header),
                   static_cast<size_t>(got_[r] * row_bytes));
     }
@@ -280,7 +289,6 @@ class AllToAllDispatcher final : public Dispatcher {
   // What each source rank said it sends: a failure, or a row count this rank has room for, in
   // this rank's dtype; then where its rows go in the runner's input.
   void read_headers(const Arrays& a, int64_t row_bytes) {
-    int64_t offset = 0;
     std::string failed;
     for (int r = 0; r < size_; ++r) {
       Header h;
@@ -294,7 +302,8 @@ class AllToAllDispatcher final : public Dispatcher {
         continue;
       }
       if (h.status != kOk || h.rows < 0 || h.rows > p_.max_tokens ||
-          arrays_.received[r] != pairs_at(h.rows, row_bytes) + pairs_bytes(h.rows)) {
+          arrays_.received[r] !=
+              pairs_at(rows_on_wire(r, h.rows), row_bytes) + pairs_bytes(h.rows)) {
         fail(Errc::comm, "rank {}: rank {} sent a malformed message in step '{}'", me_, r,
              first_step().name);
       }
@@ -305,14 +314,20 @@ class AllToAllDispatcher final : public Dispatcher {
              me_, dtype_name(dtype_), dtype_name(static_cast<DType>(h.dtype)), r);
       }
       got_[r] = h.rows;
-      got_offset_[r] = offset;
-      offset += h.rows;
     }
     if (!failed.empty()) {
       fail(Errc::comm,
            "rank {}: rank(s) {} refused their input (see their message) in step '{}'; no rows were "
            "exchanged",
            me_, failed, first_step().name);
+    }
+    // This rank's own rows first (packed there already), then every other rank's in rank order.
+    int64_t offset = got_[me_];
+    got_offset_[me_] = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == me_) continue;
+      got_offset_[r] = offset;
+      offset += got_[r];
     }
   }
 
@@ -324,7 +339,8 @@ class AllToAllDispatcher final : public Dispatcher {
         p_.global_to_local.begin(), p_.global_to_local.end(), [](int32_t s) { return s >= 0; }));
     for (int r = 0; r < size_; ++r) {
       // Behind rows of an odd count of 16-bit values the pairs are not 4-byte aligned.
-      const std::byte* pairs = a.recv_msg + r * message_capacity() + pairs_at(got_[r], row_bytes);
+      const std::byte* pairs =
+          a.recv_msg + r * message_capacity() + pairs_at(rows_on_wire(r, got_[r]), row_bytes);
       const int64_t first = got_offset_[r] * columns;
       for (int64_t e = 0; e < got_[r] * columns; ++e) {
         Pair pair;
@@ -342,18 +358,19 @@ class AllToAllDispatcher final : public Dispatcher {
   // combine()'s sum over columns [h0, h1) of every token.
   struct Sum {
     const float* back;
+    const float* own;  // the runner's sums of this rank's own rows, its first
     const int32_t* token_of;
     const int64_t* sent;
     float* combined;
     int64_t H, tokens, max_tokens;
-    int size;
+    int size, me;
 
     void columns(int64_t h0, int64_t h1) const {
       const auto n = static_cast<size_t>(h1 - h0);
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(combined + t * H + h0, n, 0.0f);
       for (int r = 0; r < size; ++r) {
         for (int64_t i = 0; i < sent[r]; ++i) {
-          const float* part = back + (r * max_tokens + i) * H;
+          const float* part = r == me ? own + i * H : back + (r * max_tokens + i) * H;
           float* out = combined + static_cast<int64_t>(token_of[r * max_tokens + i]) * H;
           for (int64_t h = h0; h < h1; ++h) out[h] += part[h];
         }
