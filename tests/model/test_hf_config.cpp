@@ -338,6 +338,10 @@ TEST(HfConfig, ExpertCountAliasesOfTheConfigClassesAreRead) {
   const HfModelConfig mixtral = HfModelConfig::parse(
       with(without(cfg::kMixtral8x7B, "num_local_experts").c_str(), {{"num_experts", 4}}));
   EXPECT_EQ(mixtral.spec.n_experts, 4);
+  // transformers 5 writes Qwen-MoE's count under the Mixtral name.
+  const HfModelConfig qwen3 = HfModelConfig::parse(
+      with(without(cfg::kQwen3_30B_A3B, "num_experts").c_str(), {{"num_local_experts", 32}}));
+  EXPECT_EQ(qwen3.spec.n_experts, 32);
 }
 
 TEST(HfConfig, TheNewerDtypeKeyIsRead) {

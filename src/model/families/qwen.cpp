@@ -22,9 +22,12 @@ void read_qwen_common(ConfigReader& reader, HfModelConfig& config, const QwenDef
   config.num_layers = reader.integer("num_hidden_layers", defaults.num_layers, 0, kMaxLayers);
   spec.hidden = reader.integer("hidden_size", defaults.hidden, 1);
   spec.intermediate = reader.integer("moe_intermediate_size", defaults.moe_intermediate, 1);
-  spec.n_experts = reader.integer("num_experts", defaults.experts, 0);
+  // transformers 5 saves the count as num_local_experts: taking the family's default for it
+  // would run a layer of the wrong size.
+  const char* experts = reader.aliased("num_experts", "num_local_experts");
+  spec.n_experts = reader.integer(experts, defaults.experts, 0);
   if (spec.n_experts == 0) {
-    reader.refuse("num_experts is 0: every layer is a dense MLP, there is no MoE layer to run");
+    reader.refuse("{} is 0: every layer is a dense MLP, there is no MoE layer to run", experts);
   }
   spec.routing.top_k = reader.integer("num_experts_per_tok", defaults.top_k, 1);
   spec.routing.scoring = Scoring::softmax;
