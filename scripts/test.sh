@@ -84,7 +84,8 @@ done
 
 # The thread pool and its users (top-k selection), the overlapped block form (its shared experts
 # on a thread of their own) in every format, and the AVX2 layer on all the machine's threads; one
-# process, since TSan is slow. The leading * takes the parameterised suites' prefixes.
+# process, since TSan is slow. The leading * takes the parameterised suites' prefixes. The TSan
+# test binary is built from the files holding these suites only (tests/CMakeLists.txt lists them).
 echo "== tsan build (the test binary only)"
 scripts/build.sh tsan
 echo "== tsan tests: the ones that use threads"
