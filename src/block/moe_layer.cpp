@@ -50,6 +50,26 @@ ExpertPieces whole_expert(const ExpertMatrices& w13, const ExpertMatrices& w2, c
           piece(w2, q, e, H, 0, H, 0, I)};
 }
 
+// An expert's matrices with float weights of a quantised format quantised whole, so that a
+// slice of them holds the numbers the whole expert would; other weights as given.
+struct QuantizedWhole {
+  QuantizedMatrices w13_storage, w2_storage;
+  ExpertMatrices w13, w2;
+};
+
+QuantizedWhole quantized_whole(const ExpertWeights& weights, const QuantParams& q) {
+  QuantizedWhole out{{}, {}, weights.w13, weights.w2};
+  if (q.quantized() && is_float_weight(out.w13.weight.dtype)) {
+    out.w13_storage = quantize_matrices(out.w13.weight, 2, q);
+    out.w13 = out.w13_storage.view();
+  }
+  if (q.quantized() && is_float_weight(out.w2.weight.dtype)) {
+    out.w2_storage = quantize_matrices(out.w2.weight, 1, q);
+    out.w2 = out.w2_storage.view();
+  }
+  return out;
+}
+
 }  // namespace
 
 // LayerWeights as a source: views of one expert of each stack. The stacks are checked whole
@@ -271,16 +291,8 @@ class MoeLayer::Impl {
     const QuantParams& q = plan_.quant;
     const int64_t I = plan_.spec.intermediate, H = plan_.spec.hidden;
     const int64_t first = plan_.routed_first, n = plan_.routed_intermediate;
-    ExpertMatrices w13 = weights.w13, w2 = weights.w2;
-    QuantizedMatrices quantized13, quantized2;
-    if (q.quantized() && is_float_weight(w13.weight.dtype)) {
-      quantized13 = quantize_matrices(w13.weight, 2, q);
-      w13 = quantized13.view();
-    }
-    if (q.quantized() && is_float_weight(w2.weight.dtype)) {
-      quantized2 = quantize_matrices(w2.weight, 1, q);
-      w2 = quantized2.view();
-    }
+    const QuantizedWhole whole = quantized_whole(weights, q);
+    const ExpertMatrices &w13 = whole.w13, &w2 = whole.w2;
     routed_.load(slot, piece(w13, q, 0, I, first, n, 0, H), piece(w13, q, 0, I, I + first, n, 0, H),
                  piece(w2, q, 0, H, 0, H, first, n));
   }
@@ -293,16 +305,8 @@ class MoeLayer::Impl {
     const ModelSpec& spec = plan_.spec;
     const QuantParams& q = plan_.quant;
     const int64_t I = spec.intermediate, Is = spec.shared_intermediate, H = spec.hidden;
-    ExpertMatrices w13 = weights.w13, w2 = weights.w2;
-    QuantizedMatrices quantized13, quantized2;
-    if (q.quantized() && is_float_weight(w13.weight.dtype)) {
-      quantized13 = quantize_matrices(w13.weight, 2, q);
-      w13 = quantized13.view();
-    }
-    if (q.quantized() && is_float_weight(w2.weight.dtype)) {
-      quantized2 = quantize_matrices(w2.weight, 1, q);
-      w2 = quantized2.view();
-    }
+    const QuantizedWhole whole = quantized_whole(weights, q);
+    const ExpertMatrices &w13 = whole.w13, &w2 = whole.w2;
     const int pieces = plan_.shared_slots / spec.n_shared;
     for (int p = 0; p < pieces; ++p) {
       routed_.load(plan_.local_routed + s * pieces + p, piece(w13, q, 0, Is, p * I, I, 0, H),

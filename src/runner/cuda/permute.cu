@@ -435,7 +435,7 @@ __global__ void combine_kernel(CombineParams p) {
       const float weight = token_weights[j0 + c];
 #pragma unroll
       for (int i = 0; i < kCombinePerThread; ++i) {
-        sum[i] += p.apply_weights ? weight * y[c][i] : y[c][i];
+        sum[i] += weight * y[c][i];  // weight is 1 where GEMM2 applied it
       }
     }
   }
