@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
         // The other kernels and tiles on the same case, to check the heuristic against.
         if (!others) continue;
         for (const GemmChoice& other :
-             {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1}}) {
+             {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1},
+              GemmChoice{GemmKernel::prefill, 128, 1, 1}}) {
           if (other.str() == chosen.str()) continue;
           std::printf("  other: ");
           run_case(m, dtype, T, other, w13, w2, w13_scales, w2_scales);
