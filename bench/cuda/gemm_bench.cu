@@ -295,8 +295,8 @@ int main(int argc, char** argv) {
   const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768};
   std::vector<Result> results;
   for (const Model& m : {dsv3, qwen}) {
-    const std::vector<int> ts =
-        m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096, 16384} : std::vector<int>{1, 64, 512, 4096};
+    const std::vector<int> ts = m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096, 16384}
+                                              : std::vector<int>{1, 64, 512, 4096};
     for (DType dtype : {DType::bf16, DType::f8e4m3}) {
       const bool fp8 = dtype == DType::f8e4m3;
       const int eb = fp8 ? 1 : 2;

@@ -51,12 +51,12 @@ TEST(CudaGemmChoice, SixteenBitDecodesOnlyWherePrefillWouldLeaveSmsIdle) {
   EXPECT_EQ(choose_gemm({DType::f16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
 }
 
-TEST(CudaGemmChoice, PrefillTakesTilesOf128RowsFromAbout96RowsPerExpert) {
+TEST(CudaGemmChoice, SixteenBitPrefillTakesTilesOf128RowsFromAbout96RowsPerExpert) {
   // DeepSeek-V3 at T = 512 (16 rows per expert) and 4096 (128); Qwen3-30B-A3B at T = 4096 (256).
   EXPECT_EQ(choose_gemm({DType::bf16, 4096, 256, 7168, 2048, 132}).token_tile, 64);
   EXPECT_EQ(choose_gemm({DType::bf16, 32768, 256, 7168, 2048, 132}).token_tile, 128);
-  EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).token_tile, 128);
   EXPECT_EQ(choose_gemm({DType::f16, 32768, 128, 2048, 768, 132}).token_tile, 128);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).token_tile, 64);
 }
 
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {

@@ -533,8 +533,8 @@ std::vector<GemmCase> all_cases() {
         {n + "_prefill_edges_gelu", f, 208, 144, many, Activation::GeluGated(), true, prefill});
     cases.push_back(
         {n + "_prefill128", f, 384, 256, many128, Activation::SiluGated(), true, prefill128});
-    cases.push_back({n + "_prefill128_edges_swiglu", f, 208, 144, many128,
-                     Activation::SwigluOai(), true, prefill128});
+    cases.push_back({n + "_prefill128_edges_swiglu", f, 208, 144, many128, Activation::SwigluOai(),
+                     true, prefill128});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Params 
   __shared__ int scratch[kDecodeWarps + 4];
   __shared__ float partial[kDecodeWarps][kDecodeMaxSlices][kValues];
 
-  const Tile tile = find_tile<kDecodeThreads>(p.offsets, p.num_experts,
-                                              static_cast<int>(blockIdx.y), kDecodeRows, 1, scratch);
+  const Tile tile = find_tile<kDecodeThreads>(
+      p.offsets, p.num_experts, static_cast<int>(blockIdx.y), kDecodeRows, 1, scratch);
   if (tile.expert < 0) return;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;

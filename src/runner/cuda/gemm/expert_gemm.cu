@@ -28,8 +28,11 @@ constexpr int64_t kMaxGridX = 0x7FFFFFFF;
 // - decode's slices: e4m3 gains from them (DeepSeek-V3 T = 64: 2597 against 2906 us); 16-bit
 //   loses (5537 against 5104 us), so 16-bit decode takes one slice per CTA.
 constexpr int64_t kDecodeMaxRowsFp8 = 4;
-// - prefill's tiles of 128 rows (warps of 64 x 64) from about 96 rows per hit expert on, where
-//   most of their rows are used; tiles of 64 below.
+// - 16-bit prefill: tiles of 128 rows (warps of 64 x 64) from about 96 rows per hit expert on
+//   (DeepSeek-V3 T = 4096: 13.2 against 14.9 ms; T = 16384: 43.4 against 50.5; Qwen3-30B-A3B
+//   T = 4096: 1.33 against 1.49), tiles of 64 below (Qwen3 T = 512: 351 against 426 us).
+//   e4m3 keeps tiles of 64: with fp8-block's second set of accumulators a 128-row tile has
+//   warps of 64 x 32 only, measured slower at every batch.
 constexpr int64_t kPrefill128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -129,12 +132,12 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           std::to_string(s.k) + ", N = " + std::to_string(s.n) +
           "); choose_gemm picks decode for such shapes");
     }
-    const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
-                          ceil_div(s.n, s.gated ? detail::Prefill64::kCols / 2
-                                                : detail::Prefill64::kCols);
+    const int64_t items =
+        detail::max_tiles(rows, p.num_experts, choice.token_tile) *
+        ceil_div(s.n, s.gated ? detail::Prefill64::kCols / 2 : detail::Prefill64::kCols);
     if (items > kMaxGridX) {
-      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " +
-          std::to_string(items) + " CTAs, more than one launch takes");
+      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
+          " CTAs, more than one launch takes");
     }
     const auto grid = static_cast<unsigned>(items);
     switch (s.elem) {
@@ -159,9 +162,9 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           std::to_string(detail::kDecodeMaxSlices) + " slices, not " + std::to_string(slices));
     }
     if (tiles > kMaxGridY) {
-      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " +
-          std::to_string(tiles) + " row tiles, more than one launch takes (" +
-          std::to_string(kMaxGridY) + "); use a larger tile");
+      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(tiles) +
+          " row tiles, more than one launch takes (" + std::to_string(kMaxGridY) +
+          "); use a larger tile");
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(s.n, (s.gated ? 16 : 32) * slices)),
                     static_cast<unsigned>(tiles));
@@ -221,8 +224,8 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
   if (!decode) {
-    const int tile = per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows
-                                                      : detail::Prefill64::kRows;
+    const int tile =
+        per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows : detail::Prefill64::kRows;
     return {GemmKernel::prefill, tile, 1, 1};
   }
   if (!fp8) return {GemmKernel::decode, detail::kDecodeRows, 1, 1};
