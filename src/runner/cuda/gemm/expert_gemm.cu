@@ -29,10 +29,11 @@ constexpr int64_t kMaxGridX = 0x7FFFFFFF;
 //   loses (5537 against 5104 us), so 16-bit decode takes one slice per CTA.
 constexpr int64_t kDecodeMaxRowsFp8 = 4;
 // - 16-bit prefill: tiles of 128 rows (warps of 64 x 64) from about 96 rows per hit expert on
-//   (DeepSeek-V3 T = 4096: 13.2 against 14.9 ms; T = 16384: 43.4 against 50.5; Qwen3-30B-A3B
-//   T = 4096: 1.33 against 1.49), tiles of 64 below (Qwen3 T = 512: 351 against 426 us).
+//   (DeepSeek-V3 T = 4096: 12.4 against 13.8 ms; T = 16384: 38.1 against 46.1; Qwen3-30B-A3B
+//   T = 4096: 1.11 against 1.40), tiles of 64 below (Qwen3 T = 512: 355 against 373 us).
 //   e4m3 keeps tiles of 64: with fp8-block's second set of accumulators a 128-row tile has
-//   warps of 64 x 32 only, measured slower at every batch.
+//   warps of 64 x 32 only, slower at every batch measured (DeepSeek-V3 T = 4096: 18.3 against
+//   12.8 ms; Qwen3 T = 4096: 1.97 against 1.42).
 constexpr int64_t kPrefill128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -224,8 +225,8 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
   if (!decode) {
-    const int tile =
-        per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows : detail::Prefill64::kRows;
+    const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows
+                                                              : detail::Prefill64::kRows;
     return {GemmKernel::prefill, tile, 1, 1};
   }
   if (!fp8) return {GemmKernel::decode, detail::kDecodeRows, 1, 1};
