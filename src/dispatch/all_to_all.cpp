@@ -500,7 +500,13 @@ A2AModeChoice choose_a2a_mode(const Options& options) {
                       options.max_tokens, kLowLatencyMaxTokens)};
 }
 
-A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant) {
+// Within one host rows move through shared memory faster than the CPU quantises and restores
+// them: at 2 ranks x 256 tokens of H=1024 (docs/EXPERT_PARALLEL.md) dispatch took 0.06 ms with
+// bf16 rows and 0.6 ms with e4m3 ones, whose quantising (about 1.2 ns a value) and restoring
+// (0.6 ns) cost more than the half of the bytes they save; that pays from about 3 Gbit/s of
+// network down.
+A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
+                              const Platform& platform) {
   const std::optional<std::string> refusal = e4m3_wire_refusal(quant);
   switch (options.a2a_wire) {
     case A2AWire::activations:
@@ -517,17 +523,25 @@ A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant) 
       break;
   }
   if (refusal) return {A2AWire::activations, "auto: " + *refusal};
+  if (platform.world_local_size >= platform.world_size) {
+    return {A2AWire::activations,
+            fmt::format("auto: every rank is on this host ({} of {}), where shared memory moves "
+                        "rows faster than quantising and restoring them to e4m3 takes "
+                        "(--a2a-wire e4m3 halves the bytes anyway)",
+                        platform.world_local_size, platform.world_size)};
+  }
   return {A2AWire::e4m3,
-          fmt::format("auto: {} quantises GEMM1's inputs to e4m3 anyway; quantised on the sending "
-                      "rank with the runner's numerics (the same codes and scales), half the bytes "
-                      "of bf16 rows",
-                      quant.name())};
+          fmt::format("auto: {} quantises GEMM1's inputs to e4m3 anyway, and {} of the {} ranks "
+                      "are on other hosts; quantised on the sending rank with the runner's "
+                      "numerics (the same codes and scales), half the bytes of bf16 rows",
+                      quant.name(), platform.world_size - platform.world_local_size,
+                      platform.world_size)};
 }
 
 void all_to_all_decide(Plan& plan) {
   const A2AModeChoice choice = choose_a2a_mode(plan.options);
   plan.a2a_mode = choice.mode;
-  const A2AWireChoice wire = choose_a2a_wire(plan.options, plan.quant);
+  const A2AWireChoice wire = choose_a2a_wire(plan.options, plan.quant, plan.platform);
   plan.a2a_wire = wire.wire;
   const int64_t H = plan.spec.hidden;
   const int columns = plan.spec.routing.top_k + plan.shared_slots;
@@ -570,7 +584,10 @@ void all_to_all_decide(Plan& plan) {
        "rows in the hidden states' dtype; partial sums in f32",
        fmt::format("{}; per token and destination rank: {} {}", wire.reason, as_they_come, tail),
        {{"e4m3 rows with the activation scales",
-         e4m3_wire_refusal(plan.quant).value_or("asked for the activations as they are")}},
+         e4m3_wire_refusal(plan.quant)
+             .value_or(plan.options.a2a_wire == A2AWire::activations
+                           ? "asked for the activations as they are"
+                           : "on one host it costs more time than the bytes it saves")}},
        std::nullopt});
 }
 

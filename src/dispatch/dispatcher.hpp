@@ -91,14 +91,16 @@ struct A2AModeChoice {
   std::string reason;
 };
 A2AModeChoice choose_a2a_mode(const Options& options);
-// The rows on the wire: e4m3 where the weight format quantises GEMM1's inputs to e4m3 with
-// dynamic scales anyway, unless the options ask for the activations as they are; an
-// Error(config_refused) where e4m3 is asked of a format that does not.
+// The one heuristic that picks the rows on the wire: e4m3 where the weight format quantises
+// GEMM1's inputs to e4m3 with dynamic scales anyway and the ranks span hosts; the activations as
+// they are otherwise, or where asked. An Error(config_refused) where e4m3 is asked of a format
+// that does not quantise so.
 struct A2AWireChoice {
   A2AWire wire;
   std::string reason;
 };
-A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant);
+A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
+                              const Platform& platform);
 void all_to_all_decide(Plan& plan);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);

@@ -1,6 +1,7 @@
 #include "quant/activation_wire.hpp"
 
 #include <array>
+#include <bit>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -19,12 +20,22 @@ const std::array<float, 256>& e4m3_values() {
   return values;
 }
 
-void store(void* out, DType dtype, int64_t k, float v) {
-  if (dtype == DType::bf16) {
-    static_cast<bf16_t*>(out)[k] = to_bf16(v);
-  } else {
-    static_cast<float*>(out)[k] = v;
+// The runner's amax of x[k0, k1) (a running std::max of |x|, which passes NaN over) as the
+// largest magnitude's bits, which vectorises: the bits of non-negative floats order as they do.
+std::array<float, 1> group_amax(const float* x, int64_t k0, int64_t k1) {
+  int32_t amax = 0;
+  for (int64_t k = k0; k < k1; ++k) {
+    const int32_t a = std::bit_cast<int32_t>(x[k]) & 0x7FFFFFFF;
+    amax = std::max(amax, a & -static_cast<int32_t>(a <= 0x7F800000));
   }
+  return {std::bit_cast<float>(amax)};
+}
+
+// v rounded to bf16, ties to even; a NaN stays NaN (truncated: rounding could carry it to inf).
+uint16_t bf16_bits(float v) {
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
 }  // namespace
@@ -60,8 +71,8 @@ void encode_e4m3_row(const E4m3Wire& wire, const QuantParams& q, const float* x,
   std::byte* scales = to + wire.cols;
   for (int64_t g = 0; g < wire.groups(); ++g) {
     const int64_t k0 = g * wire.group, k1 = std::min(wire.cols, k0 + wire.group);
-    const float scale = activation_group_scale(q, 0.0f, x, k0, k1);
-    for (int64_t k = k0; k < k1; ++k) codes[k] = to_e4m3(x[k] / scale).bits;
+    const float scale = activation_group_scale(q, 0.0f, &group_amax(x, k0, k1)[0], 0, 1);
+    for (int64_t k = k0; k < k1; ++k) codes[k] = e4m3_bits(x[k] / scale);
     std::memcpy(scales + g * static_cast<int64_t>(sizeof(float)), &scale, sizeof scale);
   }
 }
@@ -76,7 +87,13 @@ void decode_e4m3_row(const E4m3Wire& wire, const std::byte* from, DType dtype, v
     std::memcpy(&scale, scales + g * static_cast<int64_t>(sizeof(float)), sizeof scale);
     // A NaN code (or an infinite scale, from an infinity in the group) restores as NaN, which
     // quantises to NaN again, as the row itself does.
-    for (int64_t k = k0; k < k1; ++k) store(out, dtype, k, value[codes[k]] * scale);
+    if (dtype == DType::bf16) {
+      auto* y = static_cast<uint16_t*>(out);
+      for (int64_t k = k0; k < k1; ++k) y[k] = bf16_bits(value[codes[k]] * scale);
+    } else {
+      auto* y = static_cast<float*>(out);
+      for (int64_t k = k0; k < k1; ++k) y[k] = value[codes[k]] * scale;
+    }
   }
 }
 

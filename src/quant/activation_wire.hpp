@@ -17,6 +17,7 @@
 //   checks every mantissa), so the runner recomputes the same scale either way.
 // f16 rows are not carried: near f16's subnormals its steps are as coarse as e4m3's.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -35,6 +36,29 @@ struct E4m3Wire {
   int64_t groups() const { return (cols + group - 1) / group; }
   int64_t row_bytes() const { return cols + groups() * static_cast<int64_t>(sizeof(float)); }
 };
+
+// to_e4m3(v).bits (ties to even, saturating at 448, NaN kept) with masks for branches, so that
+// the sender's loop over a row vectorises; the codes must be the runner's, which tests check.
+// Magnitudes are below 2^31, so signed compares order them.
+inline uint8_t e4m3_bits(float v) {
+  const auto bits = std::bit_cast<int32_t>(v);
+  const int32_t sign = (bits >> 24) & 0x80;
+  const int32_t a = bits & 0x7FFFFFFF;
+  // |v| >= 2^-6 (normal e4m3): the float's bits rounded to 3 mantissa bits, a carry stepping
+  // the exponent, then rebased from float's exponent bias (127) to e4m3's (7); from 448 on,
+  // infinity included, 448 (0x7E).
+  const auto u = static_cast<uint32_t>(a);  // a NaN's bits plus the rounding overflow int32
+  const int32_t rounded =
+      static_cast<int32_t>((u + 0x7FFFFu + ((u >> 20) & 1u)) >> 20) - (120 << 3);
+  const int32_t normal = rounded < 0x7E ? rounded : 0x7E;
+  // Below (subnormal e4m3, steps of 2^-9): 2^14 + |v| rounds |v| to a step, as 2^14's ulp is
+  // 2^-9; the steps counted are the code, 8 being the smallest normal.
+  const int32_t subnormal = std::bit_cast<int32_t>(16384.0f + std::bit_cast<float>(a)) - 0x46800000;
+  const int32_t is_subnormal = -static_cast<int32_t>(a < 0x3C800000);
+  const int32_t is_nan = -static_cast<int32_t>(a > 0x7F800000);
+  const int32_t magnitude = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  return static_cast<uint8_t>(sign | (0x7F & is_nan) | (magnitude & ~is_nan));
+}
 
 // Why rows for a format with these parameters cannot travel as e4m3 (the format keeps its
 // GEMM inputs, or quantises them with a static scale or to int8); nullopt when they can.

@@ -30,7 +30,7 @@ struct MpiCase {
   BlockForm form;
   int extra_replicas;
   Tokens tokens;
-  // The wire asked (auto: e4m3 for the fp8 formats) and the one the plan must hold.
+  // The wire asked (auto: e4m3 for the fp8 formats where the ranks span hosts).
   A2AWire wire = A2AWire::auto_;
   DType hidden = DType::f32;
 };
@@ -49,11 +49,12 @@ const MpiCase kCases[] = {
     {A2AMode::normal, WeightFormat::bf16, BlockForm::standard, 0, Tokens::uneven, kAuto, kBf16},
     {A2AMode::low_latency, WeightFormat::bf16, BlockForm::overlapped, 0, Tokens::uneven, kAuto,
      kBf16},
-    {A2AMode::normal, WeightFormat::fp8_block, BlockForm::standard, 0, Tokens::uneven},
+    {A2AMode::normal, WeightFormat::fp8_block, BlockForm::standard, 0, Tokens::uneven, kE4m3},
     {A2AMode::low_latency, WeightFormat::fp8_block, BlockForm::standard, 0, Tokens::hot_expert,
      kE4m3, kBf16},
     {A2AMode::normal, WeightFormat::fp8_block, BlockForm::fused_slot, 0, Tokens::uneven, kAsIs},
-    {A2AMode::low_latency, WeightFormat::fp8_tensor, BlockForm::standard, 1, Tokens::uneven},
+    {A2AMode::low_latency, WeightFormat::fp8_tensor, BlockForm::standard, 1, Tokens::uneven, kE4m3},
+    {A2AMode::normal, WeightFormat::fp8_tensor, BlockForm::standard, 0, Tokens::hot_expert},
     {A2AMode::normal, WeightFormat::fp8_tensor, BlockForm::overlapped, 0, Tokens::uneven, kE4m3,
      kBf16},
     {A2AMode::normal, WeightFormat::int4_group, BlockForm::fused_slot, 0, Tokens::hot_expert},
@@ -130,7 +131,8 @@ TEST_P(AllToAll, EveryRankEqualsTheSingleProcessLayerOnItsTokens) {
   const Plan plan = resolve(spec, options, platform);
   ASSERT_EQ(plan.a2a_mode, c.mode);
   ASSERT_EQ(plan.form, c.form) << plan.explain();
-  const bool e4m3 = quantises_to_e4m3(c.format) && c.wire != kAsIs;
+  const bool e4m3 = c.wire == kE4m3 || (c.wire == kAuto && quantises_to_e4m3(c.format) &&
+                                        platform.world_local_size < platform.world_size);
   ASSERT_EQ(plan.a2a_wire, e4m3 ? kE4m3 : kAsIs) << plan.explain();
 
   MoeLayer layer(plan, weights.view());

@@ -113,9 +113,10 @@ struct WireCase {
   A2AWire asked;
   A2AWire chosen;
   std::vector<std::string> explained;  // what explain() says of the wire
+  int local_size = 1;                  // of the 4 ranks, those on this host
 };
 
-TEST(Resolve, RowsTravelAsE4m3WhereTheFormatQuantisesThemSoUnlessAsked) {
+TEST(Resolve, RowsTravelAsE4m3BetweenHostsWhereTheFormatQuantisesThemSoUnlessAsked) {
   if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
   ModelSpec spec = small_dsv3();
   spec.hidden = 256;
@@ -139,6 +140,12 @@ TEST(Resolve, RowsTravelAsE4m3WhereTheFormatQuantisesThemSoUnlessAsked) {
        A2AWire::activations,
        A2AWire::activations,
        {"rows in the hidden states' dtype", "asked", bf16}},
+      {QuantParams::Fp8Block(128),
+       A2AWire::auto_,
+       A2AWire::activations,
+       {"rows in the hidden states' dtype", "every rank is on this host (4 of 4)"},
+       4},
+      {QuantParams::Fp8Block(128), A2AWire::e4m3, A2AWire::e4m3, {"e4m3 rows", "asked"}, 4},
       {WeightFormat::bf16,
        A2AWire::auto_,
        A2AWire::activations,
@@ -154,7 +161,9 @@ TEST(Resolve, RowsTravelAsE4m3WhereTheFormatQuantisesThemSoUnlessAsked) {
     options.ep = ExpertParallel::Rank(4, 1);
     options.weights = c.weights;
     options.a2a_wire = c.asked;
-    const Plan plan = resolve(spec, options, launched(4, 1));
+    Platform platform = launched(4, 1);
+    platform.world_local_size = c.local_size;
+    const Plan plan = resolve(spec, options, platform);
     EXPECT_EQ(plan.a2a_wire, c.chosen) << c.weights.name();
     for (const std::string& fragment : c.explained) {
       EXPECT_NE(plan.explain().find(fragment), std::string::npos)

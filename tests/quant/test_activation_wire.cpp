@@ -127,6 +127,31 @@ TEST(E4m3WireScales, EveryScaleComesBackFromItsLargestValueRestored) {
   EXPECT_EQ(lost, 0);
 }
 
+// The sender's branch-free codes are the runner's (to_e4m3), on a sample of every float and on
+// every float near each e4m3 value and each rounding midpoint between two.
+TEST(E4m3WireCodes, AreTheRunnersCodesOfEveryFloat) {
+  int64_t differ = 0;
+  const auto check = [&](uint32_t bits) {
+    const float v = std::bit_cast<float>(bits);
+    if (e4m3_bits(v) != to_e4m3(v).bits) ++differ;
+  };
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += 61) check(static_cast<uint32_t>(bits));
+  for (int code = 0; code < 0x7E; ++code) {
+    const float value = to_float(e4m3_t{static_cast<uint8_t>(code)});
+    const float next = to_float(e4m3_t{static_cast<uint8_t>(code + 1)});
+    for (const float at : {value, (value + next) / 2, next}) {
+      for (const uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t centre = std::bit_cast<uint32_t>(at) | sign;
+        for (uint32_t d = 0; d < 4096; ++d) {
+          check(centre + d);
+          if (std::bit_cast<uint32_t>(at) >= d) check(centre - d);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0);
+}
+
 TEST(E4m3WireBytes, ARowTakesItsCodesAndOneScalePerGroup) {
   EXPECT_EQ(e4m3_wire(QuantParams::Fp8Block(128), 1024).row_bytes(), 1024 + 8 * 4);
   EXPECT_EQ(e4m3_wire(QuantParams::Fp8Tensor(), 1024).row_bytes(), 1024 + 4);
