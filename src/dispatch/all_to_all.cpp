@@ -350,6 +350,11 @@ class AllToAllDispatcher final : public Dispatcher {
         failed += (failed.empty() ? "" : ", ") + std::to_string(r);
         continue;
       }
+      // Before the sizes, which differ with the rows on the wire.
+      if (h.status == kOk && h.e4m3 != (e4m3_ ? 1 : 0)) {
+        fail(Errc::comm, "rank {}: rank {} sends {} rows, this rank {}: the ranks' plans differ",
+             me_, r, h.e4m3 != 0 ? "e4m3" : "unquantised", e4m3_ ? "e4m3" : "unquantised");
+      }
       if (h.status != kOk || h.rows < 0 || h.rows > p_.max_tokens ||
           arrays_.received[r] != pairs_at(rows_on_wire(r, h.rows)) + pairs_bytes(h.rows)) {
         fail(Errc::comm, "rank {}: rank {} sent a malformed message in step '{}'", me_, r,
@@ -360,10 +365,6 @@ class AllToAllDispatcher final : public Dispatcher {
              "rank {}: hidden states are {} here but {} on rank {}: every rank must pass the same "
              "dtype",
              me_, dtype_name(dtype_), dtype_name(static_cast<DType>(h.dtype)), r);
-      }
-      if (h.e4m3 != (e4m3_ ? 1 : 0)) {
-        fail(Errc::comm, "rank {}: rank {} sends {} rows, this rank {}: the ranks' plans differ",
-             me_, r, h.e4m3 != 0 ? "e4m3" : "unquantised", e4m3_ ? "e4m3" : "unquantised");
       }
       got_[r] = h.rows;
     }

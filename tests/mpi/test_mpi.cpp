@@ -243,6 +243,43 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllWire, ::testing::ValuesIn(kWireCases), w
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAll, ::testing::ValuesIn(kCases), case_name);
 
+class AllToAllWireMismatch : public ::testing::TestWithParam<A2AMode> {};
+
+// Rank 0 sends e4m3 rows, the others bf16: every rank's first exchange carries which, so every
+// rank fails there, none waiting in the next.
+TEST_P(AllToAllWireMismatch, RanksWhosePlansDisagreeOnTheWireAllFailNamingIt) {
+  const Platform platform = world();
+  const int size = platform.world_size, rank = platform.world_rank;
+  const ModelSpec spec = spec_for(WeightFormat::fp8_block);
+  const RandomWeights weights = RandomWeights::make(spec, DType::f32, 25);
+  Options options;
+  options.runner = RunnerKind::cpu;
+  options.weights = QuantParams::Fp8Block(128);
+  options.max_tokens = 16;
+  options.threads = 1;
+  options.comm_timeout_ms = kTimeoutMs;
+  options.a2a = A2AKind::mpi;
+  options.a2a_mode = GetParam();
+  options.a2a_wire = rank == 0 ? A2AWire::e4m3 : A2AWire::activations;
+  options.ep = ExpertParallel::Rank(size, rank, redundant_for(spec, size, 0));
+  MoeLayer layer(resolve(spec, options, platform), weights.view());
+  const Inputs in = rank_inputs(spec, rank, 4, DType::f32, Tokens::uneven);
+  try {
+    run_layer(layer, in);
+    ADD_FAILURE() << "rank " << rank << ": a forward with rank 0's wire apart returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::comm) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the ranks' plans differ"), std::string::npos) << e.what();
+  }
+}
+
+std::string mode_name(const ::testing::TestParamInfo<A2AMode>& info) {
+  return identifier(std::string(a2a_mode_name(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllWireMismatch,
+                         ::testing::Values(A2AMode::normal, A2AMode::low_latency), mode_name);
+
 // The world communicator with its exchanges counted.
 class CountedExchanges final : public Communicator {
  public:
