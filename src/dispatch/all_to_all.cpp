@@ -294,7 +294,7 @@ class AllToAllDispatcher final : public Dispatcher {
                      step("dispatch: rows"));
     if (e4m3_) {
       for (int r = 0; r < size_; ++r) {
-        if (r != me_) restore(r, a.wire_in + got_offset_[r] * wire_bytes_, a);
+        if (r != me_) restore(ctx, r, a.wire_in + got_offset_[r] * wire_bytes_, a);
       }
     }
     unpack_pairs(a);
@@ -318,7 +318,7 @@ class AllToAllDispatcher final : public Dispatcher {
       if (got_[r] == 0 || r == me_) continue;
       const std::byte* rows = a.recv_msg + r * capacity + sizeof(Header);
       if (e4m3_) {
-        restore(r, rows, a);
+        restore(ctx, r, rows, a);
       } else {
         std::memcpy(a.input + got_offset_[r] * row_bytes_, rows,
                     static_cast<size_t>(got_[r] * row_bytes_));
@@ -327,13 +327,26 @@ class AllToAllDispatcher final : public Dispatcher {
     unpack_pairs(a);
   }
 
-  // Rank r's e4m3 rows, from `rows` on, into its rows of the runner's input.
-  void restore(int r, const std::byte* rows, const Arrays& a) const {
-    for (int64_t i = 0; i < got_[r]; ++i) {
-      decode_e4m3_row(e4m3_wire_, rows + i * wire_bytes_, dtype_,
-                      a.input + (got_offset_[r] + i) * row_bytes_);
-    }
+  // Rank r's e4m3 rows, from `rows` on, into its rows of the runner's input, over the pool (the
+  // loop's lambda holds one pointer, which std::function stores without allocating).
+  void restore(const ExecContext& ctx, int r, const std::byte* rows, const Arrays& a) const {
+    const Restore job{e4m3_wire_,  rows,       a.input + got_offset_[r] * row_bytes_,
+                      wire_bytes_, row_bytes_, dtype_};
+    ctx.threads().parallel_for(got_[r], [&job](int64_t i0, int64_t i1) { job.rows(i0, i1); });
   }
+  struct Restore {
+    E4m3Wire wire;
+    const std::byte* from;
+    std::byte* to;
+    int64_t wire_bytes, row_bytes;
+    DType dtype;
+
+    void rows(int64_t i0, int64_t i1) const {
+      for (int64_t i = i0; i < i1; ++i) {
+        decode_e4m3_row(wire, from + i * wire_bytes, dtype, to + i * row_bytes);
+      }
+    }
+  };
 
   // What each source rank said it sends: a failure, or a row count this rank has room for, in
   // this rank's dtype; then where its rows go in the runner's input.
