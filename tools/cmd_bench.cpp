@@ -298,6 +298,10 @@ Command add_bench_command(CLI::App& app) {
   bench->add_option("--a2a-mode", f->plan.a2a_mode, "a2a mpi: auto, normal, low-latency")
       ->capture_default_str();
   bench
+      ->add_option("--a2a-wire", f->plan.a2a_wire,
+                   "a2a mpi: auto, activations, e4m3 (with --weights fp8-block or fp8-tensor)")
+      ->capture_default_str();
+  bench
       ->add_option("--redundant", f->plan.redundant,
                    "a2a mpi: redundant expert replicas (to divide the experts over the ranks)")
       ->capture_default_str();

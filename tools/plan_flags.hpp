@@ -34,6 +34,7 @@ struct PlanFlags {
   int tp_size = 1;
   std::optional<int> tp_rank;  // from the launcher's rank when absent
   std::string a2a_mode = "auto";
+  std::string a2a_wire = "auto";
   double comm_timeout_s = 30.0;
   int redundant = 0;
   int64_t max_tokens = 4096;
@@ -81,6 +82,10 @@ struct PlanFlags {
     app.add_option("--tp-rank", tp_rank,
                    "this tensor-parallel rank (default: mpirun's rank modulo --tp-size)");
     app.add_option("--a2a-mode", a2a_mode, "a2a mpi: auto, normal (prefill), low-latency (decode)")
+        ->capture_default_str();
+    app.add_option("--a2a-wire", a2a_wire,
+                   "a2a mpi: auto, activations (rows as they come: bf16 for bf16), e4m3 (fp8 "
+                   "formats: rows quantised before sending)")
         ->capture_default_str();
     app.add_option("--comm-timeout", comm_timeout_s,
                    "seconds any exchange with the other ranks may wait")
@@ -188,6 +193,7 @@ struct PlanFlags {
     o.tp = {tp_size, tp_rank.value_or(launcher_rank % tp)};
     o.ep = ExpertParallel::Rank(ep_size, ep_rank.value_or(launcher_rank / tp), redundant);
     o.a2a_mode = parse(parse_a2a_mode(a2a_mode), "--a2a-mode", a2a_mode);
+    o.a2a_wire = parse(parse_a2a_wire(a2a_wire), "--a2a-wire", a2a_wire);
     o.comm_timeout_ms = static_cast<int64_t>(comm_timeout_s * 1000.0);
     o.device = Device::parse(device);
     o.strict = strict;

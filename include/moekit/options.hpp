@@ -20,6 +20,10 @@ enum class FusedOps { auto_, off };
 // How the all-to-all dispatchers exchange rows (docs/EXPERT_PARALLEL.md): normal (a round of
 // counts, then rows of exact sizes; prefill) or low-latency (one round into fixed slots; decode).
 enum class A2AMode { auto_, normal, low_latency };
+// What rows an all-to-all sends (docs/EXPERT_PARALLEL.md): the hidden states as they came
+// (`activations`: bf16 rows for bf16), or e4m3 codes with the activation scales the weight
+// format's GEMM1 would compute from them anyway (fp8-block, dynamic fp8-tensor).
+enum class A2AWire { auto_, activations, e4m3 };
 
 std::string_view runner_name(RunnerKind kind);
 std::optional<RunnerKind> parse_runner(std::string_view name);
@@ -29,6 +33,8 @@ std::string_view block_form_name(BlockForm form);
 std::optional<BlockForm> parse_block_form(std::string_view name);
 std::string_view a2a_mode_name(A2AMode mode);
 std::optional<A2AMode> parse_a2a_mode(std::string_view name);
+std::string_view a2a_wire_name(A2AWire wire);
+std::optional<A2AWire> parse_a2a_wire(std::string_view name);
 
 inline constexpr RunnerKind kAllRunners[] = {RunnerKind::auto_, RunnerKind::reference,
                                              RunnerKind::cpu, RunnerKind::cuda, RunnerKind::hopper};
@@ -72,6 +78,7 @@ struct Options {
   int64_t max_tokens = 4096;  // the largest batch forward() accepts; sizes scratch memory
   int threads = 0;            // CPU threads; 0 = all hardware threads
   A2AMode a2a_mode = A2AMode::auto_;
+  A2AWire a2a_wire = A2AWire::auto_;
   // How long any exchange with the other ranks may wait before it fails naming the rank and the
   // step it waited for.
   int64_t comm_timeout_ms = 30000;

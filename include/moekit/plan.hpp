@@ -124,6 +124,7 @@ struct Plan {
   int64_t max_received_tokens = 0;     // the most tokens whose rows this rank's experts compute
   CommKind comm = CommKind::none;      // a2a mpi, or a2a none summed over the ranks (reduce form)
   A2AMode a2a_mode = A2AMode::normal;  // the all-to-all dispatcher's mode; never auto_
+  A2AWire a2a_wire = A2AWire::activations;  // the rows it sends; never auto_
   int threads = 1;
   std::vector<Decision> decisions;
 

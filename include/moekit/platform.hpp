@@ -39,6 +39,9 @@ struct Platform {
   // them for a2a mpi and for summing a2a none's partial outputs across processes.
   int world_size = 1;
   int world_rank = 0;
+  // Of them, the ranks on this host (all of them where the launcher does not say): whether rows
+  // between ranks move through shared memory or over a network.
+  int world_local_size = 1;
 
   static Platform probe();
   static Platform cpu_only(int threads);

@@ -62,6 +62,8 @@ RankResult bench_one(const Plan& plan, Communicator& comm, int64_t T, int repeat
                      .comm = &comm,
                      .timeout_ms = plan.options.comm_timeout_ms,
                      .mode = plan.a2a_mode,
+                     .wire = plan.a2a_wire,
+                     .quant = plan.quant,
                      .physical = plan.location.physical,
                      .per_rank = plan.location.per_rank()});
   Buffer scratch = Buffer::allocate(Device::cpu(), dispatcher->scratch_bytes());
@@ -144,10 +146,10 @@ std::string run_a2a_bench(const ModelSpec& spec, const Options& options, const P
         gather(comm, bench_one(plan, comm, T, repeats, seed), o.comm_timeout_ms);
     if (comm.rank() != 0) continue;
     text += fmt::format(
-        "\n{} ranks, {} tokens per rank, H={} top-{} of {} experts, bf16 rows, {} mode; median "
-        "of {} after a barrier each\n",
+        "\n{} ranks, {} tokens per rank, H={} top-{} of {} experts, bf16 rows, {} on the wire, {} "
+        "mode; median of {} after a barrier each\n",
         comm.size(), T, spec.hidden, spec.routing.top_k, spec.n_experts,
-        a2a_mode_name(plan.a2a_mode), repeats);
+        plan.a2a_wire == A2AWire::e4m3 ? "e4m3" : "bf16", a2a_mode_name(plan.a2a_mode), repeats);
     text += fmt::format("{:>4} {:>9} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>12} {:>9}\n",
                         "rank", "rows in", "dispatch ms", "out KiB", "bare ms", "combine ms",
                         "back KiB", "bare ms", "d+c / bare", "");

@@ -20,8 +20,17 @@ constexpr NameTable<BlockForm, 4> kBlockForms = {{BlockForm::auto_, "auto"},
 constexpr NameTable<A2AMode, 3> kA2AModes = {
     {A2AMode::auto_, "auto"}, {A2AMode::normal, "normal"}, {A2AMode::low_latency, "low-latency"}};
 
+constexpr NameTable<A2AWire, 3> kA2AWires = {
+    {A2AWire::auto_, "auto"}, {A2AWire::activations, "activations"}, {A2AWire::e4m3, "e4m3"}};
+
 }  // namespace
 
+std::string_view a2a_wire_name(A2AWire wire) {
+  return name_of(wire, kA2AWires);
+}
+std::optional<A2AWire> parse_a2a_wire(std::string_view name) {
+  return name_lookup(name, kA2AWires);
+}
 std::string_view a2a_mode_name(A2AMode mode) {
   return name_of(mode, kA2AModes);
 }

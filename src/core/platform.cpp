@@ -87,6 +87,9 @@ Platform Platform::probe() {
   // answers none, and gpu_note says why.
   platform.world_size = std::max(1, launcher_variable("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1));
   platform.world_rank = launcher_variable("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0);
+  platform.world_local_size = std::clamp(
+      launcher_variable("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", platform.world_size), 1,
+      platform.world_size);
   platform.cuda_runtime = cuda_device::built_with_cuda();
   if (platform.cuda_runtime) platform.gpus = cuda_device::probe(platform.gpu_note);
   return platform;
@@ -117,6 +120,9 @@ std::optional<std::string> Platform::missing_on(const Platform& actual) const {
 
 std::string Platform::summary() const {
   std::string text = world_size > 1 ? fmt::format("rank {} of {}, ", world_rank, world_size) : "";
+  if (world_size > 1 && world_local_size < world_size) {
+    text += fmt::format("{} of them on this host, ", world_local_size);
+  }
   text += fmt::format("{} CPU threads", cpu_threads);
   if (avx2) text += ", AVX2";
   if (fma) text += ", FMA";

@@ -14,6 +14,11 @@
 // Both then combine in one round: the partial sums go back by the reverse exchange. A rank's rows
 // for its own experts never enter an exchange: they are packed straight into the runner's input
 // (its first rows), and their sums are read where the runner left them.
+//
+// The rows on the wire are the hidden states as they came, or (the plan's wire, for f32 and bf16
+// hidden states) e4m3 codes with GEMM1's activation scales, quantised once per token on the
+// sending rank and restored on arrival to rows that the runner quantises to the same codes and
+// scales (quant/activation_wire.hpp).
 
 #include <algorithm>
 #include <cstring>
@@ -23,6 +28,7 @@
 #include "core/thread_pool.hpp"
 #include "dispatch/dispatcher.hpp"
 #include "moekit/error.hpp"
+#include "quant/activation_wire.hpp"
 
 namespace moekit {
 namespace {
@@ -32,7 +38,7 @@ struct Header {
   int32_t status = 0;  // kOk, or kFailed: the sender's input failed and no rows follow
   int32_t rows = 0;
   int32_t dtype = 0;  // the rows' DType, which every rank must share
-  int32_t reserved = 0;
+  int32_t e4m3 = 0;   // 1: the rows are e4m3 codes with their scales (E4m3Wire)
 };
 constexpr int32_t kOk = 0;
 constexpr int32_t kFailed = 1;
@@ -44,7 +50,7 @@ struct Pair {
   float weight;
 };
 
-constexpr int64_t kMaxElementBytes = 4;  // rows travel in the activations' dtype: f32 at most
+constexpr int64_t kMaxElementBytes = 4;  // the activations' dtypes: f32 at most
 
 int64_t round16(int64_t bytes) {
   return (bytes + 15) / 16 * 16;
@@ -60,7 +66,8 @@ class AllToAllDispatcher final : public Dispatcher {
         arrays_(size_),
         sent_(static_cast<size_t>(size_)),
         got_(static_cast<size_t>(size_)),
-        got_offset_(static_cast<size_t>(size_)) {
+        got_offset_(static_cast<size_t>(size_)),
+        e4m3_wire_(e4m3_wire(problem.quant, problem.hidden)) {
     if (p_.max_tokens * size_ > p_.max_received_tokens) {
       fail(Errc::internal, "all-to-all planned for {} received tokens, fewer than {} ranks x {}",
            p_.max_received_tokens, size_, p_.max_tokens);
@@ -86,12 +93,14 @@ class AllToAllDispatcher final : public Dispatcher {
     }
     tokens_ = T;
     dtype_ = hidden.dtype;
-    const int64_t row_bytes = dtype_storage_bytes(dtype_, H);
-    pack(hidden, global_ids, weights, row_bytes, a);
+    e4m3_ = p_.wire == A2AWire::e4m3 && e4m3_wire_carries(dtype_);
+    row_bytes_ = dtype_storage_bytes(dtype_, H);
+    wire_bytes_ = e4m3_ ? e4m3_wire_.row_bytes() : row_bytes_;
+    pack(hidden, global_ids, weights, a);
     if (p_.mode == A2AMode::low_latency) {
-      exchange_low_latency(ctx, row_bytes, a);
+      exchange_low_latency(ctx, a);
     } else {
-      exchange_normal(ctx, row_bytes, a);
+      exchange_normal(ctx, a);
     }
     const int64_t received = std::accumulate(got_.begin(), got_.end(), int64_t{0});
     return {TensorView::contiguous(a.input, dtype_, {received, H}),
@@ -125,7 +134,7 @@ class AllToAllDispatcher final : public Dispatcher {
     const Arrays a = carve_at(scratch);
     std::fill(sent_.begin(), sent_.end(), 0);
     for (int r = 0; r < size_; ++r) {
-      write_header(message_at(a, r), kFailed, 0);
+      write_header(message_at(a, r), kFailed, 0, DType::f32, false);
       arrays_.send_offsets[r] = r * message_capacity();
       arrays_.send_bytes[r] = sizeof(Header);
       arrays_.recv_offsets[r] = r * message_capacity();
@@ -141,8 +150,11 @@ class AllToAllDispatcher final : public Dispatcher {
     // normal: [size][max_tokens][H] rows per destination; low-latency: [size][max_tokens]
     // [columns] pairs per destination, staged until the rows' count places them
     std::byte* send_rows;
-    std::byte* input;   // [size * max_tokens][H]: the rows the runner reads, by source rank
-    int32_t* in_slots;  // [size * max_tokens][columns]
+    std::byte* input;    // [size * max_tokens][H]: the rows the runner reads, by source rank
+    std::byte* wire_in;  // e4m3 wire, normal mode: the rows as they arrive, before restoring
+    std::byte* encoded;  // e4m3 wire: one token's row on the wire
+    float* widened;      // e4m3 wire: one token's row as f32, before quantising
+    int32_t* in_slots;   // [size * max_tokens][columns]
     float* in_weights;
     float* sums;        // [size * max_tokens][H]: the runner's weighted sums
     float* back;        // [size][max_tokens][H]: this rank's partial sums, from each rank
@@ -152,11 +164,14 @@ class AllToAllDispatcher final : public Dispatcher {
 
   Arrays carve(ScratchCarver& c) const {
     const int64_t rows = size_ * p_.max_tokens, H = p_.hidden;
-    const bool normal = p_.mode == A2AMode::normal;
+    const bool normal = p_.mode == A2AMode::normal, e4m3 = p_.wire == A2AWire::e4m3;
     return {c.take<std::byte>(size_ * message_capacity()),
             c.take<std::byte>(size_ * message_capacity()),
-            c.take<std::byte>(normal ? rows * H * kMaxElementBytes : pairs_bytes(rows)),
+            c.take<std::byte>(normal ? rows * max_wire_row_bytes() : pairs_bytes(rows)),
             c.take<std::byte>(rows * H * kMaxElementBytes),
+            c.take<std::byte>(normal && e4m3 ? rows * e4m3_wire_.row_bytes() : 0),
+            c.take<std::byte>(e4m3 ? e4m3_wire_.row_bytes() : 0),
+            c.take<float>(e4m3 ? H : 0),
             c.take<int32_t>(rows * p_.columns),
             c.take<float>(rows * p_.columns),
             c.take<float>(rows * H),
@@ -172,25 +187,29 @@ class AllToAllDispatcher final : public Dispatcher {
   int64_t pairs_bytes(int64_t rows) const {
     return rows * p_.columns * static_cast<int64_t>(sizeof(Pair));
   }
+  // The most bytes a row takes on the wire, whatever the activations' dtype.
+  int64_t max_wire_row_bytes() const {
+    const int64_t e4m3 = p_.wire == A2AWire::e4m3 ? e4m3_wire_.row_bytes() : 0;
+    return std::max(p_.hidden * kMaxElementBytes, e4m3);
+  }
   // Normal: header and pairs. Low-latency: header, rows, pairs.
   int64_t message_capacity() const {
-    const int64_t rows =
-        p_.mode == A2AMode::low_latency ? p_.max_tokens * p_.hidden * kMaxElementBytes : 0;
+    const int64_t rows = p_.mode == A2AMode::low_latency ? p_.max_tokens * max_wire_row_bytes() : 0;
     return round16(static_cast<int64_t>(sizeof(Header)) + rows + pairs_bytes(p_.max_tokens));
   }
   // The rows a message to or from rank r carries: none to or from this rank itself.
   int64_t rows_on_wire(int r, int64_t rows) const { return r == me_ ? 0 : rows; }
   // Where a message's pairs start: after the header, and in low-latency mode after its rows.
-  int64_t pairs_at(int64_t rows, int64_t row_bytes) const {
+  int64_t pairs_at(int64_t rows) const {
     return static_cast<int64_t>(sizeof(Header)) +
-           (p_.mode == A2AMode::low_latency ? rows * row_bytes : 0);
+           (p_.mode == A2AMode::low_latency ? rows * wire_bytes_ : 0);
   }
   std::byte* message_at(const Arrays& a, int r) const {
     return a.send_msg + r * message_capacity();
   }
 
-  static void write_header(std::byte* at, int32_t status, int64_t rows, DType dtype = DType::f32) {
-    const Header h{status, static_cast<int32_t>(rows), static_cast<int32_t>(dtype), 0};
+  static void write_header(std::byte* at, int32_t status, int64_t rows, DType dtype, bool e4m3) {
+    const Header h{status, static_cast<int32_t>(rows), static_cast<int32_t>(dtype), e4m3 ? 1 : 0};
     std::memcpy(at, &h, sizeof h);
   }
 
@@ -207,9 +226,9 @@ class AllToAllDispatcher final : public Dispatcher {
 
   // Each token's row once per destination rank, with that rank's pairs; in normal mode the rows
   // go to send_rows and the pairs into round 1's messages; in low-latency mode the rows go into
-  // the message and the pairs to send_rows, to follow the rows once their count is known.
-  void pack(const TensorView& hidden, const int32_t* ids, const float* weights, int64_t row_bytes,
-            const Arrays& a) {
+  // the message and the pairs to send_rows, to follow the rows once their count is known. On the
+  // e4m3 wire a token's row is quantised once, for the first other rank it goes to.
+  void pack(const TensorView& hidden, const int32_t* ids, const float* weights, const Arrays& a) {
     std::fill(sent_.begin(), sent_.end(), 0);
     const int columns = p_.columns;
     const auto n_global = static_cast<int32_t>(p_.global_to_local.size());
@@ -217,6 +236,8 @@ class AllToAllDispatcher final : public Dispatcher {
     const bool low_latency = p_.mode == A2AMode::low_latency;
     for (int64_t t = 0; t < tokens_; ++t) {
       const int32_t* id = ids + t * columns;
+      const std::byte* row = rows + t * row_bytes_;
+      bool encoded = false;
       for (int j = 0; j < columns; ++j) {
         if (id[j] < 0 || id[j] >= n_global) {
           fail(Errc::internal, "routed expert id {} out of range", id[j]);
@@ -234,41 +255,56 @@ class AllToAllDispatcher final : public Dispatcher {
         for (int k = 0; k < columns; ++k) {
           pairs[k] = {a.dest_of[k] == r ? slot_there(id[k]) : -1, weights[t * columns + k]};
         }
-        std::byte* to = r == me_      ? a.input + i * row_bytes
-                        : low_latency ? message_at(a, r) + sizeof(Header) + i * row_bytes
-                                      : a.send_rows + (r * p_.max_tokens + i) * row_bytes;
-        std::memcpy(to, rows + t * row_bytes, static_cast<size_t>(row_bytes));
+        if (r == me_) {
+          std::memcpy(a.input + i * row_bytes_, row, static_cast<size_t>(row_bytes_));
+          continue;
+        }
+        if (e4m3_ && !encoded) {
+          convert_to_f32(row, dtype_, p_.hidden, a.widened);
+          encode_e4m3_row(e4m3_wire_, p_.quant, a.widened, a.encoded);
+          encoded = true;
+        }
+        std::byte* to = low_latency ? message_at(a, r) + sizeof(Header) + i * wire_bytes_
+                                    : a.send_rows + (r * p_.max_tokens + i) * wire_bytes_;
+        std::memcpy(to, e4m3_ ? a.encoded : row, static_cast<size_t>(wire_bytes_));
       }
     }
   }
 
-  void exchange_normal(const ExecContext& ctx, int64_t row_bytes, const Arrays& a) {
+  void exchange_normal(const ExecContext& ctx, const Arrays& a) {
     const int64_t capacity = message_capacity();
     for (int r = 0; r < size_; ++r) {
-      write_header(message_at(a, r), kOk, sent_[r], dtype_);
+      write_header(message_at(a, r), kOk, sent_[r], dtype_, e4m3_);
       arrays_.send_offsets[r] = r * capacity;
       arrays_.send_bytes[r] = static_cast<int64_t>(sizeof(Header)) + pairs_bytes(sent_[r]);
       arrays_.recv_offsets[r] = r * capacity;
       arrays_.recv_capacity[r] = capacity;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
-    read_headers(a, row_bytes);
+    read_headers(a);
     for (int r = 0; r < size_; ++r) {
       const bool other = r != me_;
-      arrays_.send_offsets[r] = r * p_.max_tokens * row_bytes;
-      arrays_.send_bytes[r] = other ? sent_[r] * row_bytes : 0;
-      arrays_.recv_offsets[r] = got_offset_[r] * row_bytes;
-      arrays_.recv_capacity[r] = other ? got_[r] * row_bytes : 0;
+      arrays_.send_offsets[r] = r * p_.max_tokens * wire_bytes_;
+      arrays_.send_bytes[r] = other ? sent_[r] * wire_bytes_ : 0;
+      arrays_.recv_offsets[r] = got_offset_[r] * wire_bytes_;
+      arrays_.recv_capacity[r] = other ? got_[r] * wire_bytes_ : 0;
     }
-    comm_.all_to_all(ctx, arrays_.view(a.send_rows, a.input), step("dispatch: rows"));
-    unpack_pairs(a, row_bytes);
+    // Rows as they came land in the runner's input; e4m3 rows beside it, to be restored.
+    comm_.all_to_all(ctx, arrays_.view(a.send_rows, e4m3_ ? a.wire_in : a.input),
+                     step("dispatch: rows"));
+    if (e4m3_) {
+      for (int r = 0; r < size_; ++r) {
+        if (r != me_) restore(ctx, r, a.wire_in + got_offset_[r] * wire_bytes_, a);
+      }
+    }
+    unpack_pairs(a);
   }
 
-  void exchange_low_latency(const ExecContext& ctx, int64_t row_bytes, const Arrays& a) {
+  void exchange_low_latency(const ExecContext& ctx, const Arrays& a) {
     const int64_t capacity = message_capacity();
     for (int r = 0; r < size_; ++r) {
-      write_header(message_at(a, r), kOk, sent_[r], dtype_);
-      const int64_t pairs = pairs_at(rows_on_wire(r, sent_[r]), row_bytes);
+      write_header(message_at(a, r), kOk, sent_[r], dtype_, e4m3_);
+      const int64_t pairs = pairs_at(rows_on_wire(r, sent_[r]));
       std::memcpy(message_at(a, r) + pairs, a.send_rows + pairs_bytes(r * p_.max_tokens),
                   static_cast<size_t>(pairs_bytes(sent_[r])));
       arrays_.send_offsets[r] = r * capacity;
@@ -277,18 +313,44 @@ class AllToAllDispatcher final : public Dispatcher {
       arrays_.recv_capacity[r] = capacity;
     }
     comm_.all_to_all(ctx, arrays_.view(a.send_msg, a.recv_msg), first_step());
-    read_headers(a, row_bytes);
+    read_headers(a);
     for (int r = 0; r < size_; ++r) {
       if (got_[r] == 0 || r == me_) continue;
-      std::memcpy(a.input + got_offset_[r] * row_bytes, a.recv_msg + r * capacity + sizeof(Header),
-                  static_cast<size_t>(got_[r] * row_bytes));
+      const std::byte* rows = a.recv_msg + r * capacity + sizeof(Header);
+      if (e4m3_) {
+        restore(ctx, r, rows, a);
+      } else {
+        std::memcpy(a.input + got_offset_[r] * row_bytes_, rows,
+                    static_cast<size_t>(got_[r] * row_bytes_));
+      }
     }
-    unpack_pairs(a, row_bytes);
+    unpack_pairs(a);
   }
+
+  // Rank r's e4m3 rows, from `rows` on, into its rows of the runner's input, over the pool (the
+  // loop's lambda holds one pointer, which std::function stores without allocating).
+  void restore(const ExecContext& ctx, int r, const std::byte* rows, const Arrays& a) const {
+    const Restore job{e4m3_wire_,  rows,       a.input + got_offset_[r] * row_bytes_,
+                      wire_bytes_, row_bytes_, dtype_};
+    ctx.threads().parallel_for(got_[r], [&job](int64_t i0, int64_t i1) { job.rows(i0, i1); });
+  }
+  struct Restore {
+    E4m3Wire wire;
+    const std::byte* from;
+    std::byte* to;
+    int64_t wire_bytes, row_bytes;
+    DType dtype;
+
+    void rows(int64_t i0, int64_t i1) const {
+      for (int64_t i = i0; i < i1; ++i) {
+        decode_e4m3_row(wire, from + i * wire_bytes, dtype, to + i * row_bytes);
+      }
+    }
+  };
 
   // What each source rank said it sends: a failure, or a row count this rank has room for, in
   // this rank's dtype; then where its rows go in the runner's input.
-  void read_headers(const Arrays& a, int64_t row_bytes) {
+  void read_headers(const Arrays& a) {
     std::string failed;
     for (int r = 0; r < size_; ++r) {
       Header h;
@@ -301,9 +363,13 @@ class AllToAllDispatcher final : public Dispatcher {
         failed += (failed.empty() ? "" : ", ") + std::to_string(r);
         continue;
       }
+      // Before the sizes, which differ with the rows on the wire.
+      if (h.status == kOk && h.e4m3 != (e4m3_ ? 1 : 0)) {
+        fail(Errc::comm, "rank {}: rank {} sends {} rows, this rank {}: the ranks' plans differ",
+             me_, r, h.e4m3 != 0 ? "e4m3" : "unquantised", e4m3_ ? "e4m3" : "unquantised");
+      }
       if (h.status != kOk || h.rows < 0 || h.rows > p_.max_tokens ||
-          arrays_.received[r] !=
-              pairs_at(rows_on_wire(r, h.rows), row_bytes) + pairs_bytes(h.rows)) {
+          arrays_.received[r] != pairs_at(rows_on_wire(r, h.rows)) + pairs_bytes(h.rows)) {
         fail(Errc::comm, "rank {}: rank {} sent a malformed message in step '{}'", me_, r,
              first_step().name);
       }
@@ -333,14 +399,14 @@ class AllToAllDispatcher final : public Dispatcher {
 
   // The pairs of every received row into the runner's (slot, weight) arrays, checked: a slot must
   // be one of this rank's.
-  void unpack_pairs(const Arrays& a, int64_t row_bytes) {
+  void unpack_pairs(const Arrays& a) {
     const int columns = p_.columns;
     const int slots = static_cast<int>(std::count_if(
         p_.global_to_local.begin(), p_.global_to_local.end(), [](int32_t s) { return s >= 0; }));
     for (int r = 0; r < size_; ++r) {
       // Behind rows of an odd count of 16-bit values the pairs are not 4-byte aligned.
       const std::byte* pairs =
-          a.recv_msg + r * message_capacity() + pairs_at(rows_on_wire(r, got_[r]), row_bytes);
+          a.recv_msg + r * message_capacity() + pairs_at(rows_on_wire(r, got_[r]));
       const int64_t first = got_offset_[r] * columns;
       for (int64_t e = 0; e < got_[r] * columns; ++e) {
         Pair pair;
@@ -386,8 +452,12 @@ class AllToAllDispatcher final : public Dispatcher {
   std::vector<int64_t> sent_;        // rows sent to each rank this call
   std::vector<int64_t> got_;         // rows received from each rank
   std::vector<int64_t> got_offset_;  // where those rows start in the runner's input
+  E4m3Wire e4m3_wire_;
   int64_t tokens_ = 0;
   DType dtype_ = DType::f32;
+  bool e4m3_ = false;       // this call's rows travel as e4m3
+  int64_t row_bytes_ = 0;   // a row of the runner's input
+  int64_t wire_bytes_ = 0;  // a row on the wire
 };
 
 }  // namespace
@@ -444,9 +514,49 @@ A2AModeChoice choose_a2a_mode(const Options& options) {
                       options.max_tokens, kLowLatencyMaxTokens)};
 }
 
+// Within one host rows move through shared memory faster than the CPU quantises and restores
+// them: at 2 ranks x 256 tokens of H=1024 (docs/EXPERT_PARALLEL.md) dispatch took 0.06 ms with
+// bf16 rows and 0.6 ms with e4m3 ones, whose quantising (about 1.2 ns a value) and restoring
+// (0.6 ns) cost more than the half of the bytes they save; that pays from about 3 Gbit/s of
+// network down.
+A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
+                              const Platform& platform) {
+  const std::optional<std::string> refusal = e4m3_wire_refusal(quant);
+  switch (options.a2a_wire) {
+    case A2AWire::activations:
+      return {A2AWire::activations, "asked"};
+    case A2AWire::e4m3:
+      if (refusal) {
+        fail(Errc::config_refused,
+             "refused: a2a wire e4m3 with weights={}: {}; legal here: --a2a-wire auto or "
+             "activations, or weights fp8-block or fp8-tensor with dynamic activations",
+             quant.name(), *refusal);
+      }
+      return {A2AWire::e4m3, "asked"};
+    case A2AWire::auto_:
+      break;
+  }
+  if (refusal) return {A2AWire::activations, "auto: " + *refusal};
+  if (platform.world_local_size >= platform.world_size) {
+    return {A2AWire::activations,
+            fmt::format("auto: every rank is on this host ({} of {}), where shared memory moves "
+                        "rows faster than quantising and restoring them to e4m3 takes "
+                        "(--a2a-wire e4m3 halves the bytes anyway)",
+                        platform.world_local_size, platform.world_size)};
+  }
+  return {A2AWire::e4m3,
+          fmt::format("auto: {} quantises GEMM1's inputs to e4m3 anyway, and {} of the {} ranks "
+                      "are on other hosts; quantised on the sending rank with the runner's "
+                      "numerics (the same codes and scales), half the bytes of bf16 rows",
+                      quant.name(), platform.world_size - platform.world_local_size,
+                      platform.world_size)};
+}
+
 void all_to_all_decide(Plan& plan) {
   const A2AModeChoice choice = choose_a2a_mode(plan.options);
   plan.a2a_mode = choice.mode;
+  const A2AWireChoice wire = choose_a2a_wire(plan.options, plan.quant, plan.platform);
+  plan.a2a_wire = wire.wire;
   const int64_t H = plan.spec.hidden;
   const int columns = plan.spec.routing.top_k + plan.shared_slots;
   const int64_t pairs = columns * static_cast<int64_t>(sizeof(Pair));
@@ -460,15 +570,38 @@ void all_to_all_decide(Plan& plan) {
              ? "fixed slots of max_tokens rows per source rank, mostly empty at this size"
              : "a round of counts before the rows"}},
        std::nullopt});
+  // Bytes per token and destination rank, each way.
+  const std::string as_they_come =
+      fmt::format("{} bytes out as bf16 ({} as f32)", H * 2 + pairs, H * 4 + pairs);
+  const std::string tail = fmt::format(
+      "with the token's {} (slot, weight) pairs; {} back (f32 partial sums); a token "
+      "goes to at most min(ranks, {}) ranks, once each",
+      columns, H * 4, columns);
+  if (wire.wire == A2AWire::e4m3) {
+    const E4m3Wire w = e4m3_wire(plan.quant, H);
+    plan.decisions.push_back(
+        {PlanLayer::dispatcher,
+         "wire format",
+         fmt::format("e4m3 rows with one f32 scale per {} columns (f32 and bf16 hidden states; "
+                     "f16 as it is); partial sums in f32",
+                     w.group),
+         fmt::format("{}; per token and destination rank: {} bytes out ({} code bytes + {} "
+                     "scale bytes) instead of {}, {}",
+                     wire.reason, w.row_bytes() + pairs, H, w.groups() * 4, as_they_come, tail),
+         {{"activations", "twice the bytes, and the runner rounds them to e4m3 anyway"}},
+         std::nullopt});
+    return;
+  }
   plan.decisions.push_back(
       {PlanLayer::dispatcher,
        "wire format",
        "rows in the hidden states' dtype; partial sums in f32",
-       fmt::format("per token and destination rank: {} bytes out as bf16 ({} as f32) with its "
-                   "{} (slot, weight) pairs, {} bytes back; a token goes to at most min(ranks, {}) "
-                   "ranks, once each",
-                   H * 2 + pairs, H * 4 + pairs, columns, H * 4, columns),
-       {{"e4m3 rows with per-128 scales", "not built: rows travel as the activations came"}},
+       fmt::format("{}; per token and destination rank: {} {}", wire.reason, as_they_come, tail),
+       {{"e4m3 rows with the activation scales",
+         e4m3_wire_refusal(plan.quant)
+             .value_or(plan.options.a2a_wire == A2AWire::activations
+                           ? "asked for the activations as they are"
+                           : "on one host it costs more time than the bytes it saves")}},
        std::nullopt});
 }
 

@@ -33,6 +33,10 @@ struct DispatcherProblem {
   Communicator* comm = nullptr;
   int64_t timeout_ms = 30000;
   A2AMode mode = A2AMode::normal;
+  // e4m3: rows travel as e4m3 with the scales `quant` (the routed experts' format) gives
+  // GEMM1's inputs, for f32 and bf16 hidden states; other dtypes, and `activations`, as they are.
+  A2AWire wire = A2AWire::activations;
+  QuantParams quant = WeightFormat::f32;
   int physical = 0;
   int per_rank = 0;
 };
@@ -87,6 +91,16 @@ struct A2AModeChoice {
   std::string reason;
 };
 A2AModeChoice choose_a2a_mode(const Options& options);
+// The one heuristic that picks the rows on the wire: e4m3 where the weight format quantises
+// GEMM1's inputs to e4m3 with dynamic scales anyway and the ranks span hosts; the activations as
+// they are otherwise, or where asked. An Error(config_refused) where e4m3 is asked of a format
+// that does not quantise so.
+struct A2AWireChoice {
+  A2AWire wire;
+  std::string reason;
+};
+A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
+                              const Platform& platform);
 void all_to_all_decide(Plan& plan);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);

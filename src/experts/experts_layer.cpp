@@ -32,6 +32,8 @@ std::unique_ptr<Dispatcher> create_dispatcher(const Plan& plan, const ExpertsPro
        .comm = plan.comm == CommKind::none || !routed ? nullptr : &world_communicator(plan.comm),
        .timeout_ms = plan.options.comm_timeout_ms,
        .mode = plan.a2a_mode,
+       .wire = plan.a2a_wire,
+       .quant = plan.quant,
        .physical = plan.location.physical,
        .per_rank = plan.location.per_rank()});
 }

@@ -32,6 +32,17 @@ inline float int8_code(float x, float scale) {
   return std::clamp(std::nearbyint(x / scale), -kInt8Max, kInt8Max);
 }
 
+// The scale of group [k0, k1) of GEMM input x: its amax (floored) over 448 or 127, or the static
+// scale.
+inline float activation_group_scale(const QuantParams& q, float static_scale, const float* x,
+                                    int64_t k0, int64_t k1) {
+  if (q.activation == ActivationQuant::fp8_static) return static_scale;
+  float amax = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
+  return std::max(amax, kActivationAmaxFloor) / (int8 ? kInt8Max : kE4M3Max);
+}
+
 // out[k] = the value GEMM input x[k] has after quantisation; x and out may be the same array.
 // static_scale is used by fp8_static only. Formats that keep activations leave the values.
 // `scales`, where given, gets the scale of each group (activation_group) of the row, for a core
@@ -47,12 +58,7 @@ void quantize_activation_row(const QuantParams& q, float static_scale, const flo
   const bool int8 = q.activation == ActivationQuant::int8_per_token_group;
   for (int64_t k0 = 0; k0 < n; k0 += group) {
     const int64_t k1 = std::min(n, k0 + group);
-    float scale = static_scale;
-    if (q.activation != ActivationQuant::fp8_static) {
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
-      scale = std::max(amax, kActivationAmaxFloor) / (int8 ? kInt8Max : kE4M3Max);
-    }
+    const float scale = activation_group_scale(q, static_scale, x, k0, k1);
     if (scales != nullptr) scales[k0 / group] = scale;
     if (int8) {
       for (int64_t k = k0; k < k1; ++k) {

@@ -108,6 +108,81 @@ TEST(Resolve, TheAllToAllModeFollowsTheBatchSizeUnlessAsked) {
   }
 }
 
+struct WireCase {
+  QuantParams weights;
+  A2AWire asked;
+  A2AWire chosen;
+  std::vector<std::string> explained;  // what explain() says of the wire
+  int local_size = 1;                  // of the 4 ranks, those on this host
+};
+
+TEST(Resolve, RowsTravelAsE4m3BetweenHostsWhereTheFormatQuantisesThemSoUnlessAsked) {
+  if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 256;
+  spec.intermediate = 128;
+  spec.shared_intermediate = 256;
+  // Bytes per token and destination: the row, and 8 per (slot, weight) pair.
+  const int64_t pairs = 8 * spec.routing.top_k;
+  const std::string bf16 = fmt::format("{} bytes out as bf16", 2 * 256 + pairs);
+  const std::vector<WireCase> cases = {
+      {QuantParams::Fp8Block(128),
+       A2AWire::auto_,
+       A2AWire::e4m3,
+       {"e4m3 rows with one f32 scale per 128 columns",
+        fmt::format("{} bytes out (256 code bytes + 8 scale bytes) instead of {}", 264 + pairs,
+                    bf16)}},
+      {QuantParams::Fp8Tensor(),
+       A2AWire::auto_,
+       A2AWire::e4m3,
+       {"one f32 scale per 256 columns", fmt::format("{} bytes out", 260 + pairs)}},
+      {QuantParams::Fp8Block(128),
+       A2AWire::activations,
+       A2AWire::activations,
+       {"rows in the hidden states' dtype", "asked", bf16}},
+      {QuantParams::Fp8Block(128),
+       A2AWire::auto_,
+       A2AWire::activations,
+       {"rows in the hidden states' dtype", "every rank is on this host (4 of 4)"},
+       4},
+      {QuantParams::Fp8Block(128), A2AWire::e4m3, A2AWire::e4m3, {"e4m3 rows", "asked"}, 4},
+      {WeightFormat::bf16,
+       A2AWire::auto_,
+       A2AWire::activations,
+       {"rows in the hidden states' dtype", "keeps GEMM1's inputs as they come"}},
+      {QuantParams::Fp8Tensor(Fp8Scaling::per_tensor, Fp8Activations::static_),
+       A2AWire::auto_,
+       A2AWire::activations,
+       {"static scale"}},
+  };
+  for (const WireCase& c : cases) {
+    Options options;
+    options.a2a = A2AKind::mpi;
+    options.ep = ExpertParallel::Rank(4, 1);
+    options.weights = c.weights;
+    options.a2a_wire = c.asked;
+    Platform platform = launched(4, 1);
+    platform.world_local_size = c.local_size;
+    const Plan plan = resolve(spec, options, platform);
+    EXPECT_EQ(plan.a2a_wire, c.chosen) << c.weights.name();
+    for (const std::string& fragment : c.explained) {
+      EXPECT_NE(plan.explain().find(fragment), std::string::npos)
+          << plan.explain() << "\nlacks: " << fragment;
+    }
+  }
+}
+
+TEST(Resolve, AnE4m3WireForAFormatThatKeepsItsInputsIsRefusedNamingTheAlternatives) {
+  if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
+  Options options;
+  options.a2a = A2AKind::mpi;
+  options.ep = ExpertParallel::Rank(4, 1);
+  options.a2a_wire = A2AWire::e4m3;
+  const Resolution r = try_resolve(small_dsv3(), options, launched(4, 1));
+  ASSERT_FALSE(r.plan);
+  expect_mentions(r.refusal, {"a2a wire e4m3", "--a2a-wire auto or activations", "fp8-block"});
+}
+
 TEST(Resolve, ANoneAcrossProcessesSumsOverTheRanksAndEveryRankAddsTheSharedOutput) {
   if (!communicator_built(CommKind::mpi)) GTEST_SKIP() << communicator_absent_reason(CommKind::mpi);
   Options options;

@@ -91,12 +91,15 @@ class CpuRouterStage final : public RouterStage {
     });
   }
 
-  // Token t belongs to source rank t * ep / T (the ranks' equal shares of the batch, as with
-  // data-parallel attention); the source rank's static table picks the replica that serves it.
+  // The source rank's static table picks the replica that serves a token. Under a2a mpi every
+  // token is this rank's own; otherwise every rank sees the whole batch, and token t belongs to
+  // source rank t * ep / T (the ranks' equal shares of it, as with data-parallel attention).
   void to_physical(int64_t T, const Arrays& a) const {
     const ExpertLocation& location = plan_.location;
+    const bool own_tokens = plan_.options.a2a == A2AKind::mpi;
     for (int64_t t = 0; t < T; ++t) {
-      const std::vector<int>& table = location.rank_table[t * location.ep_size / T];
+      const int64_t source = own_tokens ? plan_.options.ep.rank : t * location.ep_size / T;
+      const std::vector<int>& table = location.rank_table[static_cast<size_t>(source)];
       for (int j = 0; j < top_k_; ++j) {
         a.physical_ids[t * columns_ + j] = table[a.logical_ids[t * top_k_ + j]];
         a.physical_weights[t * columns_ + j] = a.logical_weights[t * top_k_ + j];
