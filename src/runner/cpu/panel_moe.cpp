@@ -6,6 +6,7 @@
 
 #include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
+#include "runner/cpu/e4m3_rows.hpp"
 #include "runner/cpu/gemm.hpp"
 #include "runner/cpu/gemm_bf16.hpp"
 #include "runner/cpu/gemm_int8.hpp"
@@ -271,9 +272,11 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
     }
     if (int8) {
       round_to_int8(row, width, q.activation_group);
+    } else if (q.quantizes_activations() && q.activation != ActivationQuant::int8_per_token_group) {
+      quantize_e4m3_row(kernels_.e4m3, q, static_scale, row, width, row,
+                        scales == nullptr ? nullptr : scales + r * groups);
     } else {
-      quantize_activation_row(q, static_scale, row, width, row,
-                              scales == nullptr ? nullptr : scales + r * groups);
+      quantize_activation_row(q, static_scale, row, width, row);
     }
     if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
   }
@@ -383,7 +386,8 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
           const Int8Matrix& a = in.int8;
           gemm_panels_int8(
               {a.q + rc * a.ldq, a.ldq, a.scale + rc * a.steps, a.sums + rc * a.steps, a.steps}, mr,
-              m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work);
+              m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work,
+              in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
         } else if (in.bf16) {
           const InputScales scales{in.scales == nullptr ? nullptr : in.scales + rc * in.groups,
                                    in.groups, m.group_k};
