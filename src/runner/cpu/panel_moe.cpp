@@ -10,6 +10,7 @@
 #include "runner/cpu/gemm.hpp"
 #include "runner/cpu/gemm_bf16.hpp"
 #include "runner/cpu/gemm_int8.hpp"
+#include "runner/cpu/silu_panels.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/kernels.hpp"
 
@@ -452,9 +453,15 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+               const bool silu = problem_.activation.kind == ActivationKind::silu_gated;
                for (int64_t r = 0; r < mr; ++r) {
                  float* act = s.act + (rc + r) * I;
                  const float* y = tile + r * ldy;
+                 if (silu) {
+                   const int64_t i0 = pc * kHalfPanel;
+                   silu_gated_panels(y, std::min(pe * kHalfPanel, I) - i0, act + i0);
+                   continue;
+                 }
                  for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
                    const int64_t i0 = p * kHalfPanel;
                    const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
