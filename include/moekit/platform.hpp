@@ -39,6 +39,8 @@ struct Platform {
   // them for a2a mpi and for summing a2a none's partial outputs across processes.
   int world_size = 1;
   int world_rank = 0;
+  // This rank's place among the ranks on its machine: the GPU the NCCL communicator runs it on.
+  int world_local_rank = 0;
 
   static Platform probe();
   static Platform cpu_only(int threads);
