@@ -186,7 +186,7 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     config.commName = "moekit";
     call(lib_.init_rank_config(&comm_, size_, id, rank_, &config), init, "ncclCommInitRankConfig");
-    wait(init, std::nullopt, "");
+    wait(init, std::nullopt, size_ > 1 ? "the other ranks" : "");
     // Every rank has joined: none will read the file again.
     if (rank_ == 0 && !world.id_file.empty()) std::remove(world.id_file.c_str());
     check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
