@@ -578,7 +578,9 @@ Communicator& nccl_world(Communicator& (*mpi)()) {
     }
     world.mpi = &mpi();
     if (world.mpi->size() != world.size || world.mpi->rank() != world.rank) {
-      fail(Errc::comm, "MPI sees rank {} of {}, the launcher's environment rank {} of {}",
+      fail(Errc::comm,
+           "MPI sees rank {} of {}, the launcher's environment rank {} of {}: start the ranks "
+           "with mpirun, or with a launcher without MPI set MOEKIT_NCCL_ID_FILE",
            world.mpi->rank(), world.mpi->size(), world.rank, world.size);
     }
   }
