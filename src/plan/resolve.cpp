@@ -106,16 +106,16 @@ std::optional<std::string> shared_split_problem(const ModelSpec& spec, const Qua
 void decide_nccl_reduce(Plan& plan, const std::string& axes) {
   const Options& o = plan.options;
   const Platform& w = plan.platform;
-  if (!communicator_built(CommKind::nccl)) {
-    refuse(axes, communicator_absent_reason(CommKind::nccl),
-           "one process (no launcher), or device=cpu over MPI");
-  }
   if (o.device.index != w.world_local_rank) {
     refuse(axes,
            fmt::format("the NCCL communicator runs each rank on the GPU of its local rank (one "
                        "process per GPU), and this rank's local rank is {}",
                        w.world_local_rank),
            fmt::format("--device cuda:{}", w.world_local_rank));
+  }
+  if (!communicator_built(CommKind::nccl)) {
+    refuse(axes, communicator_absent_reason(CommKind::nccl),
+           "one process without a launcher, or device=cpu over MPI");
   }
   plan.comm = CommKind::nccl;
   plan.decisions.push_back(
