@@ -182,6 +182,8 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     const CommStep init{"nccl: communicator init", kBootstrapTimeoutMs};
     const ncclUniqueId id = share_id(world, init);
+    // From the toolkit's headers (2.28): an older NCCL at run time reads the fields it knows, up
+    // to its own sizeof(ncclConfig_t) (the struct's size field says where ours ends).
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = "moekit";
