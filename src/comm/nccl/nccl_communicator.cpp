@@ -502,6 +502,7 @@ class NcclCommunicator final : public Communicator {
       }
     }
   }
+
   void wait(const CommStep& step, std::optional<cudaStream_t> stream, const std::string& peers) {
     const std::optional<std::string> why = poll(stream, step.timeout_ms);
     if (!why) return;
