@@ -66,6 +66,36 @@ else
 fi
 tests=$build/tests/moekit_tests
 
+# The NCCL communicator opens libnccl.so.2 at run time (docs/EXPERT_PARALLEL.md); where neither
+# the loader's path nor the CUDA toolkit has it, the copy of a Python wheel (nvidia-nccl-cu13,
+# as torch installs it) is named instead, so that its tests run rather than skip.
+has_nccl() {
+  ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' && return 0
+  local dir
+  for dir in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+    [ -e "$dir/libnccl.so.2" ] && return 0
+  done
+  return 1
+}
+if [ -z "${MOEKIT_NCCL_LIBRARY:-}" ] && ! has_nccl; then
+  wheel=$(python3 -c '
+import glob, site
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    hits = sorted(glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True))
+    if hits:
+        print(hits[0])
+        break
+' 2>/dev/null)
+  if [ -n "$wheel" ]; then export MOEKIT_NCCL_LIBRARY=$wheel; fi
+fi
+if [ -n "${MOEKIT_NCCL_LIBRARY:-}" ]; then
+  row nccl named "MOEKIT_NCCL_LIBRARY=$MOEKIT_NCCL_LIBRARY"
+elif has_nccl; then
+  row nccl found "libnccl.so.2 on the loader path or in the CUDA toolkit"
+else
+  row nccl absent "no libnccl.so.2 found: the CudaNccl tests will skip"
+fi
+
 echo "== GPU tests"
 filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
 "$tests" --gtest_filter="$filter" --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1

@@ -56,8 +56,8 @@ enum class SharedStrategy { none, after, overlapped };
 
 enum class DispatcherKind { standard, all_to_all };
 // The communicator a plan's dispatcher exchanges over: none (one process, or ranks whose caller
-// sums), or MPI over the ranks mpirun started.
-enum class CommKind : uint8_t { none, mpi };
+// sums), MPI over the ranks mpirun started (host memory), or NCCL over one GPU per rank.
+enum class CommKind : uint8_t { none, mpi, nccl };
 std::string_view comm_name(CommKind kind);
 enum class DispatchFormat { standard };
 enum class RunnerFormat { standard, contiguous };

@@ -42,6 +42,8 @@ struct Platform {
   // Of them, the ranks on this host (all of them where the launcher does not say): whether rows
   // between ranks move through shared memory or over a network.
   int world_local_size = 1;
+  // This rank's place among the ranks on its machine: the GPU the NCCL communicator runs it on.
+  int world_local_rank = 0;
 
   static Platform probe();
   static Platform cpu_only(int threads);

@@ -1,9 +1,9 @@
 #pragma once
 // The ranks a layer spans, and the few exchanges its dispatchers need: an all-to-all with
 // per-peer byte counts, a sum over the ranks, a barrier and an abort. Below layer 3: a
-// dispatcher holds a Communicator and never names the library under it, so MPI here (host
-// buffers, blocking calls on the calling thread) and NCCL later (device buffers, the calls
-// enqueued on the ExecContext's stream) are rows of one table. Every blocking step has a
+// dispatcher holds a Communicator and never names the library under it, so MPI (host buffers,
+// blocking calls on the calling thread) and NCCL (device buffers, the calls enqueued on the
+// ExecContext's stream and waited for) are rows of one table. Every blocking step has a
 // deadline; a peer that does not answer in time is an Error(Errc::comm) naming that rank and the
 // step, never a hang.
 
@@ -28,6 +28,8 @@ struct CommStep {
 // (itself included, 0 bytes allowed) and accepts at most recv_capacity[p] bytes from p at
 // recv + recv_offsets[p]; received[p] says how many came. A receiver that knows the exact size
 // passes it as the capacity; one that does not (the low-latency dispatch) passes its fixed slot.
+// NCCL's receives take exact sizes: over NCCL the capacity must be what p sends (a mismatch
+// leaves one side waiting, which the step's deadline turns into an error).
 struct Exchange {
   const std::byte* send = nullptr;
   const int64_t* send_offsets = nullptr;
@@ -101,11 +103,21 @@ std::string communicator_absent_reason(CommKind kind);
 // The world communicator, if this process has made one spanning more than one rank.
 Communicator* active_world_communicator();
 
+// out[i] = parts[0][i] + parts[1][i] + ... + parts[n_parts - 1][i], added in that order, for i
+// in [0, n), part p at parts + p * stride; out may be parts[0]. In the communicator's buffers:
+// host_segment_sum on the CPU, a kernel on ctx.stream for device buffers.
+using SegmentSum = void (*)(const ExecContext& ctx, float* out, const float* parts, int64_t stride,
+                            int n_parts, int64_t n);
+void host_segment_sum(const ExecContext& ctx, float* out, const float* parts, int64_t stride,
+                      int n_parts, int64_t n);
+
 // The fixed-order sum of all_reduce_sum over all_to_all alone, for communicators without a
 // reduction of their own that keeps that order: a reduce-scatter (each rank sums its segment in
-// rank order) then an all-gather. scratch: fixed_order_reduce_scratch(size, count) floats.
+// rank order with `sum`) then an all-gather. scratch: fixed_order_reduce_scratch(size, count)
+// floats.
 void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& arrays, const ExecContext& ctx,
-                            float* data, int64_t count, float* scratch, const CommStep& step);
+                            float* data, int64_t count, float* scratch, const CommStep& step,
+                            SegmentSum sum);
 int64_t fixed_order_reduce_scratch(int size, int64_t count);
 
 }  // namespace moekit

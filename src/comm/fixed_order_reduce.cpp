@@ -16,12 +16,22 @@ int64_t segment_length(int size, int64_t count) {
 
 }  // namespace
 
+void host_segment_sum(const ExecContext&, float* out, const float* parts, int64_t stride,
+                      int n_parts, int64_t n) {
+  if (out != parts) std::memcpy(out, parts, static_cast<size_t>(n) * sizeof(float));
+  for (int p = 1; p < n_parts; ++p) {
+    const float* part = parts + p * stride;
+    for (int64_t i = 0; i < n; ++i) out[i] += part[i];
+  }
+}
+
 int64_t fixed_order_reduce_scratch(int size, int64_t count) {
   return segment_length(size, count) * size;
 }
 
 void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& a, const ExecContext& ctx,
-                            float* data, int64_t count, float* scratch, const CommStep& step) {
+                            float* data, int64_t count, float* scratch, const CommStep& step,
+                            SegmentSum sum) {
   const int size = comm.size(), me = comm.rank();
   const int64_t seg = segment_length(size, count);
   const auto begin = [&](int p) { return std::min(count, p * seg); };
@@ -34,13 +44,8 @@ void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& a, const ExecCon
     a.recv_capacity[p] = length(me) * kFloat;
   }
   comm.all_to_all(ctx, a.view(data, scratch), step);
-  float* mine = data + begin(me);
   const int64_t n = length(me);
-  std::memcpy(mine, scratch, static_cast<size_t>(n) * sizeof(float));
-  for (int p = 1; p < size; ++p) {
-    const float* part = scratch + p * seg;
-    for (int64_t i = 0; i < n; ++i) mine[i] += part[i];
-  }
+  sum(ctx, data + begin(me), scratch, seg, size, n);
   // The gather: this rank's summed segment to every other rank, theirs into place here.
   for (int p = 0; p < size; ++p) {
     const bool other = p != me;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -54,9 +55,11 @@ bool probe_avx512_bf16() {
 namespace {
 
 // Read from the launcher's environment rather than from MPI, so that probing starts no MPI:
-// OpenMPI's mpirun sets OMPI_COMM_WORLD_*, PMI-based launchers (MPICH, Slurm) PMI_*.
-int launcher_variable(const char* ompi, const char* pmi, int otherwise) {
-  for (const char* name : {ompi, pmi}) {
+// OpenMPI's mpirun sets OMPI_COMM_WORLD_*, PMI-based launchers (MPICH, Slurm) PMI_* (MPICH's
+// local rank MPI_LOCALRANKID), and a launcher without MPI that bootstraps the NCCL communicator
+// by file sets MOEKIT_WORLD_* (docs/EXPERT_PARALLEL.md).
+int launcher_variable(std::initializer_list<const char*> names, int otherwise) {
+  for (const char* name : names) {
     if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
       char* end = nullptr;
       const long parsed = std::strtol(value, &end, 10);
@@ -85,11 +88,15 @@ Platform Platform::probe() {
   // A build without a CUDA runtime cannot see or use a GPU; the GPU runners that would need one
   // are not built either, and resolve() says so. With one, a machine without a driver or GPU
   // answers none, and gpu_note says why.
-  platform.world_size = std::max(1, launcher_variable("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1));
-  platform.world_rank = launcher_variable("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0);
+  platform.world_size =
+      std::max(1, launcher_variable({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MOEKIT_WORLD_SIZE"}, 1));
+  platform.world_rank =
+      launcher_variable({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "MOEKIT_WORLD_RANK"}, 0);
   platform.world_local_size = std::clamp(
-      launcher_variable("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", platform.world_size), 1,
+      launcher_variable({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, platform.world_size), 1,
       platform.world_size);
+  platform.world_local_rank = launcher_variable(
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MOEKIT_WORLD_LOCAL_RANK"}, 0);
   platform.cuda_runtime = cuda_device::built_with_cuda();
   if (platform.cuda_runtime) platform.gpus = cuda_device::probe(platform.gpu_note);
   return platform;

@@ -102,6 +102,18 @@ struct A2AWireChoice {
 A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
                               const Platform& platform);
 void all_to_all_decide(Plan& plan);
+// The reduce form's first exchange, the standard dispatchers' on the CPU and the GPU alike: every
+// rank sends every rank its (status, tokens) pair before any rank computes, so that a rank whose
+// input failed, or whose tokens differ, fails every rank at once. prepare_agreement fills the
+// arrays and this rank's pairs [2 x size] (each rank's copy); check_agreement reads what came
+// [2 x size] and throws naming the ranks.
+inline constexpr int64_t kRankReady = 0;
+inline constexpr int64_t kRankFailed = 1;
+inline constexpr std::string_view kAgreementStep = "dispatch: ranks agree on their tokens";
+inline constexpr std::string_view kReduceStep = "combine: sum of the ranks' partial outputs";
+void prepare_agreement(ExchangeArrays& arrays, int64_t* pairs_out, int64_t status, int64_t tokens);
+void check_agreement(const Communicator& comm, const int64_t* pairs_in, int64_t tokens,
+                     const CommStep& step);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
 #endif

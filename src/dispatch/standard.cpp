@@ -5,7 +5,8 @@
 // checks that every rank is ready with the same tokens, and combine() sums the partial outputs
 // over the ranks in rank order, so every rank returns the layer's output. The runner writes the
 // weighted sum straight into the combined output, so combine() otherwise has nothing to move.
-// On a GPU the map is a kernel (cuda/standard_cuda.cpp).
+// On a GPU the map is a kernel and the reduce form's exchanges go over NCCL
+// (cuda/standard_cuda.cpp).
 
 #include <cstring>
 #include <optional>
@@ -42,7 +43,7 @@ class StandardDispatcher final : public Dispatcher {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
     const Arrays a = carve_at(scratch);
-    if (p_.comm != nullptr) agree(ctx, a, kReady, hidden.dim(0));
+    if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
     int32_t* local_ids = a.local_ids;
     const auto n_global = static_cast<int32_t>(p_.global_to_local.size());
     for (int64_t e = 0; e < entries; ++e) {
@@ -58,17 +59,14 @@ class StandardDispatcher final : public Dispatcher {
     if (p_.comm == nullptr) return;
     const Arrays a = carve_at(scratch);
     p_.comm->all_reduce_sum(ctx, combined, dispatched.tokens * p_.hidden, a.reduce,
-                            {"combine: sum of the ranks' partial outputs", p_.timeout_ms});
+                            {kReduceStep, p_.timeout_ms});
   }
 
   void abandon(const ExecContext& ctx, void* scratch) override {
-    if (p_.comm != nullptr) agree(ctx, carve_at(scratch), kFailed, 0);
+    if (p_.comm != nullptr) agree(ctx, carve_at(scratch), kRankFailed, 0);
   }
 
  private:
-  static constexpr int64_t kReady = 0;
-  static constexpr int64_t kFailed = 1;
-
   struct Arrays {
     int32_t* local_ids;
     int64_t* status_out;  // [size][2]: this rank's (status, tokens), once per peer
@@ -87,39 +85,11 @@ class StandardDispatcher final : public Dispatcher {
     return carve(carver);
   }
 
-  // Every rank says whether its input passed and how many tokens it has, before any rank
-  // computes: a rank whose input failed, or whose tokens differ, fails every rank at once.
   void agree(const ExecContext& ctx, const Arrays& a, int64_t status, int64_t tokens) {
-    Communicator& comm = *p_.comm;
-    const int size = comm.size(), me = comm.rank();
-    constexpr auto kPair = static_cast<int64_t>(2 * sizeof(int64_t));
-    for (int r = 0; r < size; ++r) {
-      a.status_out[2 * r] = status;
-      a.status_out[2 * r + 1] = tokens;
-      arrays_->send_offsets[r] = r * kPair;
-      arrays_->send_bytes[r] = kPair;
-      arrays_->recv_offsets[r] = r * kPair;
-      arrays_->recv_capacity[r] = kPair;
-    }
-    const CommStep step{"dispatch: ranks agree on their tokens", p_.timeout_ms};
-    comm.all_to_all(ctx, arrays_->view(a.status_out, a.status_in), step);
-    if (status == kFailed) return;
-    std::string failed;
-    for (int r = 0; r < size; ++r) {
-      if (a.status_in[2 * r] != kReady) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (!failed.empty()) {
-      fail(Errc::comm, "rank {}: rank(s) {} refused their input (see their message) in step '{}'",
-           me, failed, step.name);
-    }
-    for (int r = 0; r < size; ++r) {
-      if (a.status_in[2 * r + 1] != tokens) {
-        fail(Errc::invalid_argument,
-             "rank {}: a2a none across processes needs every rank to pass the same tokens, but "
-             "this rank has {} and rank {} has {}",
-             me, tokens, r, a.status_in[2 * r + 1]);
-      }
-    }
+    const CommStep step{kAgreementStep, p_.timeout_ms};
+    prepare_agreement(*arrays_, a.status_out, status, tokens);
+    p_.comm->all_to_all(ctx, arrays_->view(a.status_out, a.status_in), step);
+    if (status == kRankReady) check_agreement(*p_.comm, a.status_in, tokens, step);
   }
 
   int64_t max_entries() const { return p_.max_received_tokens * p_.columns; }
@@ -129,6 +99,39 @@ class StandardDispatcher final : public Dispatcher {
 };
 
 }  // namespace
+
+void prepare_agreement(ExchangeArrays& arrays, int64_t* pairs_out, int64_t status, int64_t tokens) {
+  constexpr auto kPair = static_cast<int64_t>(2 * sizeof(int64_t));
+  for (size_t r = 0; r < arrays.send_bytes.size(); ++r) {
+    pairs_out[2 * r] = status;
+    pairs_out[2 * r + 1] = tokens;
+    arrays.send_offsets[r] = static_cast<int64_t>(r) * kPair;
+    arrays.send_bytes[r] = kPair;
+    arrays.recv_offsets[r] = static_cast<int64_t>(r) * kPair;
+    arrays.recv_capacity[r] = kPair;
+  }
+}
+
+void check_agreement(const Communicator& comm, const int64_t* pairs_in, int64_t tokens,
+                     const CommStep& step) {
+  const int size = comm.size(), me = comm.rank();
+  std::string failed;
+  for (int r = 0; r < size; ++r) {
+    if (pairs_in[2 * r] != kRankReady) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!failed.empty()) {
+    fail(Errc::comm, "rank {}: rank(s) {} refused their input (see their message) in step '{}'", me,
+         failed, step.name);
+  }
+  for (int r = 0; r < size; ++r) {
+    if (pairs_in[2 * r + 1] != tokens) {
+      fail(Errc::invalid_argument,
+           "rank {}: a2a none across processes needs every rank to pass the same tokens, but "
+           "this rank has {} and rank {} has {}",
+           me, tokens, r, pairs_in[2 * r + 1]);
+    }
+  }
+}
 
 Capability standard_supports(const Deployment& deployment) {
 #ifndef MOEKIT_WITH_CUDA

@@ -34,6 +34,8 @@ std::string_view comm_name(CommKind kind) {
       return "none";
     case CommKind::mpi:
       return "mpi";
+    case CommKind::nccl:
+      return "nccl";
   }
   return "?";
 }

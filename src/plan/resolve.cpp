@@ -102,9 +102,39 @@ std::optional<std::string> shared_split_problem(const ModelSpec& spec, const Qua
   return std::nullopt;
 }
 
+// The reduce form on the GPU: the ranks' partial outputs summed over NCCL, one GPU per rank.
+void decide_nccl_reduce(Plan& plan, const std::string& axes) {
+  const Options& o = plan.options;
+  const Platform& w = plan.platform;
+  if (o.device.index != w.world_local_rank) {
+    refuse(axes,
+           fmt::format("the NCCL communicator runs each rank on the GPU of its local rank (one "
+                       "process per GPU), and this rank's local rank is {}",
+                       w.world_local_rank),
+           fmt::format("--device cuda:{}", w.world_local_rank));
+  }
+  if (!communicator_built(CommKind::nccl)) {
+    refuse(axes, communicator_absent_reason(CommKind::nccl),
+           "one process without a launcher, or device=cpu over MPI");
+  }
+  plan.comm = CommKind::nccl;
+  plan.decisions.push_back(
+      {PlanLayer::dispatcher,
+       "communicator",
+       "nccl: reduce form",
+       fmt::format("a2a none across {} processes on the GPU: the routed experts' partial sums "
+                   "are summed over NCCL in rank order (a reduce-scatter and an all-gather of "
+                   "grouped ncclSend/ncclRecv on the layer's stream), so every rank returns the "
+                   "layer's output; every exchange waits at most {} ms",
+                   w.world_size, o.comm_timeout_ms),
+       {},
+       std::nullopt});
+}
+
 // Which communicator the plan's dispatcher exchanges over. a2a mpi spans every rank the launcher
 // started; a2a none with ep size > 1 under a launcher sums the ranks' partial outputs over the
-// same communicator (the reduce form), so every rank returns the layer's output.
+// same communicator (the reduce form), so every rank returns the layer's output: MPI for host
+// buffers, NCCL for device ones.
 void decide_world(Plan& plan) {
   const Options& o = plan.options;
   const Platform& w = plan.platform;
@@ -115,6 +145,14 @@ void decide_world(Plan& plan) {
   const std::string launcher =
       fmt::format("--ep-size {} --ep-rank {} (the launcher's {} rank(s), this one rank {})",
                   w.world_size, w.world_rank, w.world_size, w.world_rank);
+  if (o.a2a == A2AKind::nccl) {
+    refuse("a2a=nccl",
+           "the nccl all-to-all dispatcher (rows sent between GPUs) is not built; what is built "
+           "across GPU processes is the reduce form, every rank seeing every token and the "
+           "partial outputs summed over NCCL",
+           "a2a none with --ep-size N (and --tp-size) under mpirun -np N, one GPU per rank; or "
+           "a2a mpi on device=cpu");
+  }
   if (o.a2a == A2AKind::mpi && o.tp.size > 1) {
     refuse(fmt::format("a2a=mpi with tp size {}", o.tp.size),
            "tensor parallelism under the all-to-all is not built: each token would need its row on "
@@ -141,9 +179,9 @@ void decide_world(Plan& plan) {
     }
     if (o.device.kind != DeviceKind::cpu) {
       refuse(fmt::format("a2a=mpi on device={}", o.device.str()),
-             "the MPI communicator moves host memory; device buffers need the nccl communicator, "
-             "which is not built",
-             "device=cpu");
+             "the MPI communicator moves host memory, and the all-to-all over NCCL (a2a nccl) "
+             "is not built",
+             "device=cpu, or a2a none with --ep-size (the reduce form, summed over NCCL)");
     }
     plan.comm = CommKind::mpi;
     plan.decisions.push_back(
@@ -169,17 +207,17 @@ void decide_world(Plan& plan) {
                ", or --tp-size N --ep-size launcher/N, or --ep-size 1 (every rank a whole "
                "layer)");
   }
-  if (!communicator_built(CommKind::mpi) || o.device.kind != DeviceKind::cpu) {
-    plan.decisions.push_back(
-        {PlanLayer::dispatcher,
-         "communicator",
-         "none: the caller sums the ranks' outputs",
-         !communicator_built(CommKind::mpi)
-             ? communicator_absent_reason(CommKind::mpi)
-             : "the MPI communicator moves host memory; summing device outputs needs the nccl "
-               "communicator, which is not built",
-         {},
-         std::nullopt});
+  if (o.device.kind == DeviceKind::cuda) {
+    return decide_nccl_reduce(plan, fmt::format("a2a=none across {} processes on device={}",
+                                                w.world_size, o.device.str()));
+  }
+  if (!communicator_built(CommKind::mpi)) {
+    plan.decisions.push_back({PlanLayer::dispatcher,
+                              "communicator",
+                              "none: the caller sums the ranks' outputs",
+                              communicator_absent_reason(CommKind::mpi),
+                              {},
+                              std::nullopt});
     return;
   }
   plan.comm = CommKind::mpi;

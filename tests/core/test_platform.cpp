@@ -3,6 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "moekit/error.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/testing.hpp"
@@ -14,6 +20,72 @@ Platform avx2_machine() {
   Platform p = Platform::cpu_only(2);
   p.avx2 = p.fma = p.f16c = true;
   return p;
+}
+
+// Sets environment variables for a scope and restores what was there.
+class ScopedEnvironment {
+ public:
+  explicit ScopedEnvironment(std::vector<std::pair<std::string, std::string>> values) {
+    for (auto& [name, value] : values) {
+      const char* before = std::getenv(name.c_str());
+      saved_.push_back(
+          {name, before != nullptr ? std::optional<std::string>(before) : std::nullopt});
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, before] : saved_) {
+      if (before) {
+        setenv(name.c_str(), before->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+struct LauncherCase {
+  const char* name;
+  std::vector<std::pair<std::string, std::string>> environment;
+  int size, rank, local_rank;
+};
+
+// The ranks a launcher started, and each one's place on its machine (the GPU the NCCL
+// communicator gives it), from mpirun's environment or moekit's own for a launcher without MPI.
+TEST(PlatformProbe, ReadsTheRanksFromTheLaunchersEnvironment) {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MOEKIT_WORLD_SIZE"}) {
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << "run under a launcher (" << name << " set)";
+  }
+  const LauncherCase cases[] = {
+      {"none", {}, 1, 0, 0},
+      {"OpenMPI",
+       {{"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_RANK", "3"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},
+       4,
+       3,
+       1},
+      {"MPICH", {{"PMI_SIZE", "2"}, {"PMI_RANK", "1"}, {"MPI_LOCALRANKID", "1"}}, 2, 1, 1},
+      {"without MPI",
+       {{"MOEKIT_WORLD_SIZE", "8"}, {"MOEKIT_WORLD_RANK", "6"}, {"MOEKIT_WORLD_LOCAL_RANK", "6"}},
+       8,
+       6,
+       6},
+      {"not a number", {{"MOEKIT_WORLD_SIZE", "two"}}, 1, 0, 0},
+  };
+  for (const LauncherCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ScopedEnvironment environment(c.environment);
+    const Platform platform = Platform::probe();
+    EXPECT_EQ(platform.world_size, c.size);
+    EXPECT_EQ(platform.world_rank, c.rank);
+    EXPECT_EQ(platform.world_local_rank, c.local_rank);
+  }
 }
 
 TEST(PlatformMissingOn, NothingWhenTheMachineHasEveryClaimedFeature) {

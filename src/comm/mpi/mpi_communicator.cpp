@@ -113,7 +113,8 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
                       const CommStep& step) override {
-    fixed_order_all_reduce(*this, reduce_arrays_, ctx, data, count, scratch, step);
+    fixed_order_all_reduce(*this, reduce_arrays_, ctx, data, count, scratch, step,
+                           host_segment_sum);
   }
 
   int64_t all_reduce_scratch(int64_t count) const override {

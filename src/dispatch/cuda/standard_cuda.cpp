@@ -1,5 +1,12 @@
 // The standard dispatcher on a GPU: the same map as standard.cpp, as a kernel on the caller's
-// stream over a device copy of the table.
+// stream over a device copy of the table. In the reduce form (a communicator of device buffers,
+// NCCL) it agrees with the other ranks first, through device copies of the (status, tokens)
+// pairs, and combine() sums the partial outputs over the ranks on the layer's stream.
+
+#include <cuda_runtime_api.h>
+
+#include <optional>
+#include <vector>
 
 #include "core/scratch.hpp"
 #include "dispatch/cuda/map_kernels.hpp"
@@ -17,11 +24,21 @@ class CudaStandardDispatcher final : public Dispatcher {
                              problem.device)) {
     copy(table_, TensorView::contiguous(p_.global_to_local.data(), DType::i32,
                                         {static_cast<int64_t>(p_.global_to_local.size())}));
+    if (p_.comm == nullptr) return;
+    if (p_.comm->buffers() != DeviceKind::cuda) {
+      fail(Errc::internal, "the GPU's reduce form needs a communicator of device buffers, not {}",
+           p_.comm->name());
+    }
+    arrays_.emplace(p_.comm->size());
+    pairs_out_.resize(static_cast<size_t>(2 * p_.comm->size()));
+    pairs_in_.resize(pairs_out_.size());
   }
+
+  bool collective() const override { return p_.comm != nullptr; }
 
   int64_t scratch_bytes() const override {
     ScratchCarver counter;
-    counter.take<int32_t>(max_entries());
+    carve(counter);
     return counter.bytes();
   }
 
@@ -32,24 +49,75 @@ class CudaStandardDispatcher final : public Dispatcher {
     if (entries > max_entries()) {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
-    ScratchCarver carver(scratch);
-    int32_t* local_ids = carver.take<int32_t>(max_entries());
+    const Arrays a = carve_at(scratch);
+    if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
     dispatch::cuda::map_to_local({.global_ids = global_ids,
                                   .global_to_local = table_.data<int32_t>(),
                                   .n_global = static_cast<int>(p_.global_to_local.size()),
                                   .entries = entries,
-                                  .local_ids = local_ids},
+                                  .local_ids = a.local_ids},
                                  ctx.stream);
-    return {hidden, local_ids, weights, hidden.dim(0), p_.columns, combined};
+    return {hidden, a.local_ids, weights, hidden.dim(0), p_.columns, combined};
   }
 
-  void combine(const ExecContext&, const DispatchOutput&, float*, void*) override {}
+  void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
+               void* scratch) override {
+    if (p_.comm == nullptr) return;
+    p_.comm->all_reduce_sum(ctx, combined, dispatched.tokens * p_.hidden, carve_at(scratch).reduce,
+                            {kReduceStep, p_.timeout_ms});
+  }
+
+  void abandon(const ExecContext& ctx, void* scratch) override {
+    if (p_.comm != nullptr) agree(ctx, carve_at(scratch), kRankFailed, 0);
+  }
 
  private:
+  struct Arrays {
+    int32_t* local_ids;
+    int64_t* pairs_out;  // [size][2] on the device: this rank's (status, tokens), once per peer
+    int64_t* pairs_in;   // [size][2] on the device: each rank's
+    float* reduce;       // the communicator's scratch for the sum
+  };
+  Arrays carve(ScratchCarver& c) const {
+    const int size = p_.comm != nullptr ? p_.comm->size() : 0;
+    return {c.take<int32_t>(max_entries()), c.take<int64_t>(2 * size), c.take<int64_t>(2 * size),
+            c.take<float>(p_.comm != nullptr
+                              ? p_.comm->all_reduce_scratch(p_.max_received_tokens * p_.hidden)
+                              : 0)};
+  }
+  Arrays carve_at(void* scratch) const {
+    ScratchCarver carver(scratch);
+    return carve(carver);
+  }
+
+  // The pairs go up to the device on the layer's stream before the exchange and come back after
+  // it (the exchange has waited for the stream, so the copy back is all that is left on it).
+  void agree(const ExecContext& ctx, const Arrays& a, int64_t status, int64_t tokens) {
+    const CommStep step{kAgreementStep, p_.timeout_ms};
+    const auto bytes = pairs_out_.size() * sizeof(int64_t);
+    prepare_agreement(*arrays_, pairs_out_.data(), status, tokens);
+    check(
+        cudaMemcpyAsync(a.pairs_out, pairs_out_.data(), bytes, cudaMemcpyHostToDevice, ctx.stream));
+    p_.comm->all_to_all(ctx, arrays_->view(a.pairs_out, a.pairs_in), step);
+    if (status != kRankReady) return;
+    check(cudaMemcpyAsync(pairs_in_.data(), a.pairs_in, bytes, cudaMemcpyDeviceToHost, ctx.stream));
+    check(cudaStreamSynchronize(ctx.stream));
+    check_agreement(*p_.comm, pairs_in_.data(), tokens, step);
+  }
+
+  static void check(cudaError_t status) {
+    if (status == cudaSuccess) return;
+    cudaGetLastError();
+    fail(Errc::internal, "{}: copying the ranks' (status, tokens) pairs failed: {}", kAgreementStep,
+         cudaGetErrorString(status));
+  }
+
   int64_t max_entries() const { return p_.max_received_tokens * p_.columns; }
 
   DispatcherProblem p_;
   Tensor table_;
+  std::optional<ExchangeArrays> arrays_;
+  std::vector<int64_t> pairs_out_, pairs_in_;  // host copies of the pairs
 };
 
 }  // namespace
