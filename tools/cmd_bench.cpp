@@ -34,7 +34,23 @@ struct BenchFlags {
   bench::BenchSettings settings;
   int64_t bandwidth_bytes = bench::CeilingSizes::Full().read_bytes;
   std::string json_file;
+  std::string cpu_isa = "all";
 };
+
+// The machine the plans are made for: this one, or with --cpu-isa avx2 this one without its
+// AVX-512 (the AVX2 kernels, as a CPU without AVX-512 runs them).
+Platform bench_platform(const BenchFlags& f) {
+  Platform platform = Platform::probe();
+  if (f.cpu_isa == "all") return platform;
+  if (f.cpu_isa != "avx2") {
+    fail(Errc::invalid_argument, "--cpu-isa: '{}' is not all or avx2", f.cpu_isa);
+  }
+  if (!(platform.avx2 && platform.fma && platform.f16c)) {
+    fail(Errc::invalid_argument, "--cpu-isa avx2: this CPU lacks AVX2, FMA or F16C");
+  }
+  platform.avx512f = platform.avx512_bf16 = platform.avx512_vnni = false;
+  return platform;
+}
 
 std::string list_cases() {
   std::string text = fmt::format("{:<18} {:<6} {:>4} {:>5} {:>6} {:>6}  {:<20} {}\n", "case",
@@ -210,7 +226,7 @@ int run_bench(const BenchFlags& f) {
   bench::BenchSettings settings = f.settings;
   settings.routing = PlanFlags::parse(bench::parse_routing(f.routing), "--routing", f.routing);
   const Options options = f.plan.options();
-  const Platform platform = Platform::probe();
+  const Platform platform = bench_platform(f);
   if (options.device.kind == DeviceKind::cuda) {
     return run_gpu_bench(f, cases, settings, options, platform);
   }
@@ -224,15 +240,16 @@ int run_bench(const BenchFlags& f) {
   std::ofstream json_out = open_json(f.json_file);
   const auto step = std::chrono::steady_clock::now();
   bench::BenchReport report;
-  report.machine = bench::Ceilings::Measure(threads, sizes);
+  report.machine = bench::Ceilings::Measure(threads, sizes, platform);
   log.note(fmt::format(
       "ceilings measured in {:.1f} s: read {:.1f} GB/s ({} MiB summed), fp32 FMA peak {:.1f} "
-      "GFLOP/s ({}), bf16 dot-product peak {:.1f} GFLOP/s, {} threads, which had {:.0f}% of "
-      "their CPU time",
+      "GFLOP/s ({}), bf16 dot-product peak {:.1f} GFLOP/s, int8 dot-product peak {:.1f} GOP/s "
+      "({}), {} threads, which had {:.0f}% of their CPU time",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - step).count(),
       report.machine.read_bytes_per_s * 1e-9, sizes.read_bytes >> 20,
       report.machine.fma_flops_per_s * 1e-9, bench::simd_isa_name(report.machine.isa),
-      report.machine.bf16_dot_flops_per_s * 1e-9, threads, 100.0 * report.machine.cpu_share));
+      report.machine.bf16_dot_flops_per_s * 1e-9, report.machine.int8_dot_ops_per_s * 1e-9,
+      bench::simd_isa_name(report.machine.int8_isa), threads, 100.0 * report.machine.cpu_share));
   log.note(fmt::format(
       "routing {}, fresh router logits for every repeat, caches flushed between "
       "repeats; {} repeats after {} warm-up, fewer (at least {}) once a case and T "
@@ -331,6 +348,10 @@ Command add_bench_command(CLI::App& app) {
                    "last-level cache")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  bench
+      ->add_option("--cpu-isa", f->cpu_isa,
+                   "all, or avx2: plan and measure as on this CPU without its AVX-512")
+      ->capture_default_str();
   bench->add_option("--json", f->json_file, "write the results as JSON to this file");
   return {bench, [f] { return run_bench(*f); }};
 }

@@ -295,8 +295,8 @@ int main(int argc, char** argv) {
   const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768};
   std::vector<Result> results;
   for (const Model& m : {dsv3, qwen}) {
-    const std::vector<int> ts =
-        m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096} : std::vector<int>{1, 64, 512};
+    const std::vector<int> ts = m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096, 16384}
+                                              : std::vector<int>{1, 64, 512, 4096};
     for (DType dtype : {DType::bf16, DType::f8e4m3}) {
       const bool fp8 = dtype == DType::f8e4m3;
       const int eb = fp8 ? 1 : 2;
@@ -314,8 +314,11 @@ int main(int argc, char** argv) {
         // The other kernels and tiles on the same case, to check the heuristic against.
         if (!others) continue;
         for (const GemmChoice& other :
-             {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1}}) {
+             {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1},
+              GemmChoice{GemmKernel::prefill, 128, 1, 1}}) {
           if (other.str() == chosen.str()) continue;
+          // Decode past a few dozen rows per expert is far behind and slow to run.
+          if (other.kernel == GemmKernel::decode && int64_t{T} * m.k > 32 * m.E) continue;
           std::printf("  other: ");
           run_case(m, dtype, T, other, w13, w2, w13_scales, w2_scales);
         }

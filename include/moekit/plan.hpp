@@ -79,13 +79,20 @@ struct Int4RowsByActivations {
   Int4Rows half = Int4Rows::f32;  // as bf16 or f16
   Int4Rows of(DType activations) const { return activations == DType::f32 ? f32 : half; }
 };
+// How the cpu runner rounds the fp8 formats' GEMM inputs to e4m3: the scalar reference
+// (quant/activation_quant.hpp), or the same values, bit for bit, 8 (AVX2) or 16 (AVX-512F) at a
+// time.
+enum class E4m3Rounding : uint8_t { scalar, avx2, avx512 };
 struct CpuKernels {
   CpuKernelSet set = CpuKernelSet::portable;
-  bool avx512_vnni = false;  // the integer streaming kernels use vpdpwssd / vpdpbusd
+  E4m3Rounding e4m3 = E4m3Rounding::scalar;
+  // The integer kernels use vpdpwssd / vpdpbusd, else AVX2's pmaddwd / pmaddubsw.
+  bool avx512_vnni = false;
   // GEMM rows with bf16 activations: AVX-512 BF16 dot products (bf16 weights, or e4m3 and
   // symmetric int4 widened exactly to bf16, their scales on the f32 sums of each group).
   bool bf16_gemm = false;
-  // GEMM rows of int4-group-a8: the format's int8 rows times the int4 codes on AVX-512 VNNI.
+  // GEMM rows of int4-group-a8: the format's int8 rows times the int4 codes in 8-bit dot
+  // products (AVX-512 VNNI or AVX2, as avx512_vnni says).
   bool int8_gemm = false;
   std::string gemm_reason;            // why GEMM rows take the kernel they do
   Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)

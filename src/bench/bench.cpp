@@ -164,10 +164,13 @@ CaseResult time_layer(const TimedRun& run, const Plan& plan, MoeLayer& layer, Mo
   result.read_bytes_per_s = here.read_bytes_per_s;
   result.read_before_bytes_per_s = read_bandwidth.front();
   result.read_after_bytes_per_s = run.flusher.flush();
-  // The GEMM the plan's kernels take sets the compute ceiling: bf16 dot products where they do.
-  const bool bf16_dot = plan.cpu_kernels && plan.cpu_kernels->bf16_rows(DType::bf16);
+  // The GEMM the plan's kernels take sets the compute ceiling: bf16 or int8 dot products where
+  // they do.
+  ComputePeak peak = ComputePeak::fma;
+  if (plan.cpu_kernels && plan.cpu_kernels->bf16_rows(DType::bf16)) peak = ComputePeak::bf16_dot;
+  if (plan.cpu_kernels && plan.cpu_kernels->int8_gemm) peak = ComputePeak::int8_dot;
   result.roofline =
-      Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, here, bf16_dot);
+      Roofline::Of(spec, plan.quant, T, result.distinct_experts, DType::bf16, here, peak);
   // Tokens are routed and computed independently, so the reference layer, planned for a few
   // tokens, checks the first rows of the last timed batch.
   const int64_t n = std::min(T, kCheckedTokens);

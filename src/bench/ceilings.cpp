@@ -57,6 +57,24 @@ float sum_portable(const float* data, int64_t n) {
 constexpr float kFmaA = 0.999f;
 constexpr float kFmaB = 0.001f;
 
+// pmaddubsw chains: each product of one is the bytes of the next, so none can be hoisted (the
+// values saturate and mean nothing).
+__attribute__((target("avx2"))) int32_t int8_dot_chains_avx2(int64_t iterations) {
+  const __m256i b = _mm256_set1_epi8(-5);
+  __m256i c[kDotChains];
+  for (int j = 0; j < kDotChains; ++j) c[j] = _mm256_set1_epi8(static_cast<char>(j + 1));
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int j = 0; j < kDotChains; ++j) c[j] = _mm256_maddubs_epi16(c[j], b);
+  }
+  __m256i total = c[0];
+  for (int j = 1; j < kDotChains; ++j) total = _mm256_add_epi32(total, c[j]);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
+  int32_t sum = 0;
+  for (int32_t v : lanes) sum ^= v;
+  return sum;
+}
+
 __attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iterations) {
   const __m256 a = _mm256_set1_ps(kFmaA);
   const __m256 b = _mm256_set1_ps(kFmaB);
@@ -116,7 +134,15 @@ double process_cpu_seconds() {
 }  // namespace
 
 std::string_view simd_isa_name(SimdIsa isa) {
-  return isa == SimdIsa::avx2_fma ? "avx2+fma" : "portable";
+  switch (isa) {
+    case SimdIsa::avx2_fma:
+      return "avx2+fma";
+    case SimdIsa::avx512_vnni:
+      return "avx512-vnni";
+    case SimdIsa::portable:
+      break;
+  }
+  return "portable";
 }
 
 SimdIsa best_simd_isa() {
@@ -137,7 +163,7 @@ CeilingSizes CeilingSizes::Tiny() {
       .read_bytes = int64_t{1} << 20, .read_passes = 3, .fma_iterations = 10'000, .fma_passes = 3};
 }
 
-Ceilings Ceilings::Measure(int threads, const CeilingSizes& sizes) {
+Ceilings Ceilings::Measure(int threads, const CeilingSizes& sizes, const Platform& platform) {
   const SimdIsa isa = best_simd_isa();
   const double cpu_start = process_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
@@ -148,8 +174,14 @@ Ceilings Ceilings::Measure(int threads, const CeilingSizes& sizes) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   c.cpu_share = (process_cpu_seconds() - cpu_start) / (wall * threads);
   // Measured after the CPU share: wider than the FMA's, a gap in it would not change the share.
-  if (Platform::probe().avx512_bf16) {
+  if (platform.avx512_bf16) {
     c.bf16_dot_flops_per_s = measure_bf16_dot_peak(threads, sizes.fma_iterations, sizes.fma_passes);
+  }
+  // The int8 GEMM's instruction: vpdpbusd with VNNI, else AVX2's pmaddubsw (choose_cpu_kernels).
+  c.int8_isa = platform.avx512_vnni ? SimdIsa::avx512_vnni : isa;
+  if (c.int8_isa != SimdIsa::portable) {
+    c.int8_dot_ops_per_s =
+        measure_int8_dot_peak(threads, sizes.fma_iterations, sizes.fma_passes, c.int8_isa);
   }
   return c;
 }
@@ -232,6 +264,32 @@ double measure_bf16_dot_peak(int threads, int64_t iterations, int passes) {
   consume(total, "bf16 dot peak");
   constexpr double kFlopsPerDot = 16 * 2 * 2;  // 16 lanes, two multiply-adds each
   return kFlopsPerDot * kDotChains * static_cast<double>(iterations) * threads / seconds;
+}
+
+double measure_int8_dot_peak(int threads, int64_t iterations, int passes, SimdIsa isa) {
+  require(threads >= 1 && passes >= 1 && iterations >= 1,
+          "int8 dot peak: needs threads, passes and iterations >= 1 (got {}, {}, {})", threads,
+          passes, iterations);
+  const Platform machine = Platform::probe();
+  const bool vnni = isa == SimdIsa::avx512_vnni;
+  if (vnni ? !machine.avx512_vnni : isa != SimdIsa::avx2_fma || !machine.avx2) {
+    fail(Errc::internal, "int8 dot peak: this CPU cannot run {}", simd_isa_name(isa));
+  }
+  ThreadPool pool(threads);
+  std::vector<int32_t> partial(static_cast<size_t>(threads));
+  const auto pass = [&] {
+    pool.parallel_chunks(threads, [&](int64_t, int64_t, int chunk) {
+      partial[chunk] = vnni ? int8_dot_chains_vnni(iterations) : int8_dot_chains_avx2(iterations);
+    });
+  };
+  pass();  // lets the clock ramp up under load
+  const double seconds = median_of(time_passes(passes, pass));
+  int32_t total = 0;
+  for (int32_t v : partial) total ^= v;
+  consume(static_cast<double>(total), "int8 dot peak");
+  // Byte pairs per instruction: 64 (zmm) or 32 (ymm), a multiply-add each.
+  const double ops_per_dot = vnni ? 64 * 2 : 32 * 2;
+  return ops_per_dot * kDotChains * static_cast<double>(iterations) * threads / seconds;
 }
 
 }  // namespace moekit::bench

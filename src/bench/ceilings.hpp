@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <string_view>
 
+#include "moekit/platform.hpp"
+
 namespace moekit::bench {
 
-enum class SimdIsa { avx2_fma, portable };
-std::string_view simd_isa_name(SimdIsa isa);  // "avx2+fma", "portable"
+enum class SimdIsa { avx2_fma, portable, avx512_vnni };
+std::string_view simd_isa_name(SimdIsa isa);  // "avx2+fma", "portable", "avx512-vnni"
 // avx2_fma when the CPU running this has AVX2 and FMA.
 SimdIsa best_simd_isa();
 
@@ -35,11 +37,19 @@ struct Ceilings {
   // AVX-512 BF16 dot products (512-bit vdpbf16ps) where the CPU has them, else 0: the rate of the
   // bf16 GEMM (use_bf16_gemm), which on some CPUs is twice the FMA's.
   double bf16_dot_flops_per_s = 0.0;
+  // 8-bit integer dot products, unsigned x signed bytes (a multiply-add is two ops): 512-bit
+  // vpdpbusd with AVX-512 VNNI, else 256-bit pmaddubsw with AVX2, else 0. The rate of the int8
+  // GEMM (int4-group-a8's prefill).
+  double int8_dot_ops_per_s = 0.0;
+  SimdIsa int8_isa = SimdIsa::portable;  // avx512_vnni or avx2_fma where measured
   // CPU time this process got while measuring, over threads x wall time: well below 1 means
   // other work shared the cores, and every figure of the run is low by about that much.
   double cpu_share = 1.0;
 
-  static Ceilings Measure(int threads, const CeilingSizes& sizes);
+  // The dot-product peaks are those of the instructions `platform` has (the probed machine, or
+  // the features a bench run restricts its plans to).
+  static Ceilings Measure(int threads, const CeilingSizes& sizes,
+                          const Platform& platform = Platform::probe());
   // Figures measured elsewhere (tests, or a run being re-read).
   static Ceilings Known(int threads, SimdIsa isa, double read_bytes_per_s, double fma_flops_per_s,
                         double bf16_dot_flops_per_s = 0.0);
@@ -53,6 +63,13 @@ double measure_fma_peak(int threads, int64_t iterations, int passes, SimdIsa isa
 // bf16 dot-product FLOPs per second (each pair's two multiply-adds are four) of `threads` threads,
 // the median of `passes`. Needs AVX-512 BF16 (Errc::internal on a CPU without it).
 double measure_bf16_dot_peak(int threads, int64_t iterations, int passes);
+
+// int8 dot-product ops per second (each byte pair's multiply-add is two) of `threads` threads,
+// the median of `passes`: vpdpbusd (zmm) chains with isa avx512_vnni, pmaddubsw (ymm) chains
+// with avx2_fma. Errc::internal on a CPU without that ISA, or for portable.
+double measure_int8_dot_peak(int threads, int64_t iterations, int passes, SimdIsa isa);
+// Its chains on one thread (ceilings_avx512vnni.cpp for VNNI): kDotChains accumulators.
+int32_t int8_dot_chains_vnni(int64_t iterations);
 
 // The chains of measure_bf16_dot_peak on one thread (ceilings_avx512bf16.cpp): kDotChains
 // accumulators of 16 f32 lanes, `iterations` dot products each; returns their sum.

@@ -34,7 +34,7 @@ GpuCaseResult gpu_result(const BenchCase& bench_case, const QuantParams& format,
       expected_distinct_experts(r.spec.n_experts, r.spec.routing.top_k, tokens);
   r.peak_flops_per_s = gpu.peak_for(format);
   r.roofline = Roofline::Of(r.spec, format, tokens, distinct_experts, DType::bf16,
-                            gpu.as_ceilings(format), /*bf16_dot=*/false);
+                            gpu.as_ceilings(format), ComputePeak::fma);
   return r;
 }
 

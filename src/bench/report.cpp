@@ -20,13 +20,22 @@ std::string bf16_dot_peak_text(const Ceilings& machine) {
       machine.bf16_dot_flops_per_s * 1e-9);
 }
 
+// The int8 dot-product peak, where the machine has one: int4-group-a8's GEMM cases are measured
+// against it.
+std::string int8_dot_peak_text(const Ceilings& machine) {
+  if (machine.int8_dot_ops_per_s <= 0) return "";
+  return fmt::format(
+      ", int8 dot-product peak {:.1f} GOP/s ({}; the compute ceiling of int4-group-a8)",
+      machine.int8_dot_ops_per_s * 1e-9, simd_isa_name(machine.int8_isa));
+}
+
 }  // namespace
 
 std::string BenchReport::table() const {
   std::string text = fmt::format(
-      "machine: {} threads, read bandwidth {:.1f} GB/s, fp32 FMA peak {:.1f} GFLOP/s ({}){}\n",
+      "machine: {} threads, read bandwidth {:.1f} GB/s, fp32 FMA peak {:.1f} GFLOP/s ({}){}{}\n",
       machine.threads, machine.read_bytes_per_s * 1e-9, machine.fma_flops_per_s * 1e-9,
-      simd_isa_name(machine.isa), bf16_dot_peak_text(machine));
+      simd_isa_name(machine.isa), bf16_dot_peak_text(machine), int8_dot_peak_text(machine));
   if (machine.cpu_share < kBusyShare) {
     text += fmt::format(
         "warning: this process had {:.0f}% of {} threads while measuring the ceilings: other "
@@ -70,7 +79,9 @@ std::string BenchReport::json() const {
                     {"isa", simd_isa_name(machine.isa)},
                     {"read_bandwidth_gbs", machine.read_bytes_per_s * 1e-9},
                     {"fma_peak_gflops", machine.fma_flops_per_s * 1e-9},
-                    {"bf16_dot_peak_gflops", machine.bf16_dot_flops_per_s * 1e-9}};
+                    {"bf16_dot_peak_gflops", machine.bf16_dot_flops_per_s * 1e-9},
+                    {"int8_dot_peak_gops", machine.int8_dot_ops_per_s * 1e-9},
+                    {"int8_dot_isa", simd_isa_name(machine.int8_isa)}};
   Json list = Json::array();
   for (const CaseResult& r : results) {
     list.push_back({{"case", r.case_name},

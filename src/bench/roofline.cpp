@@ -38,7 +38,7 @@ int count_distinct_experts(std::span<const int32_t> ids, int experts) {
 }
 
 Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t tokens,
-                      int distinct, DType activations, const Ceilings& ceilings, bool bf16_dot) {
+                      int distinct, DType activations, const Ceilings& ceilings, ComputePeak peak) {
   const int64_t H = spec.hidden, I = spec.intermediate;
   Roofline r;
   r.bytes = distinct * expert_bytes(format, H, I) +
@@ -47,9 +47,14 @@ Roofline Roofline::Of(const ModelSpec& spec, const QuantParams& format, int64_t 
   r.flops = 6.0 * static_cast<double>(tokens) * spec.routing.top_k * static_cast<double>(H) *
             static_cast<double>(I);
   const double memory_s = static_cast<double>(r.bytes) / ceilings.read_bytes_per_s;
-  const bool dot = bf16_dot && ceilings.bf16_dot_flops_per_s > 0;
-  const double compute_s =
-      r.flops / (dot ? ceilings.bf16_dot_flops_per_s : ceilings.fma_flops_per_s);
+  double rate = ceilings.fma_flops_per_s;
+  if (peak == ComputePeak::bf16_dot && ceilings.bf16_dot_flops_per_s > 0) {
+    rate = ceilings.bf16_dot_flops_per_s;
+  }
+  if (peak == ComputePeak::int8_dot && ceilings.int8_dot_ops_per_s > 0) {
+    rate = ceilings.int8_dot_ops_per_s;
+  }
+  const double compute_s = r.flops / rate;
   r.bound = compute_s > memory_s ? Bound::compute : Bound::memory;
   r.floor_s = std::max(memory_s, compute_s);
   return r;

@@ -27,6 +27,9 @@ double expected_distinct_experts(int experts, int top_k, int64_t tokens);
 // Distinct values among routed expert ids.
 int count_distinct_experts(std::span<const int32_t> ids, int experts);
 
+// The compute ceiling of a layer: the fp32 FMA peak, or the dot products its GEMM runs on.
+enum class ComputePeak { fma, bf16_dot, int8_dot };
+
 struct Roofline {
   int64_t bytes = 0;   // the distinct experts' weights, plus activations in and out
   double flops = 0.0;  // 6 * T * k * H * I
@@ -34,10 +37,11 @@ struct Roofline {
   Bound bound = Bound::memory;
 
   // For T tokens of `activations` (hidden states in, output out) and f32 router logits, when
-  // the batch's routing selects `distinct` experts. bf16_dot: the plan's GEMM runs on bf16 dot
-  // products (CpuKernels::bf16_rows), whose peak then bounds the compute.
+  // the batch's routing selects `distinct` experts. peak: what the plan's GEMM runs on
+  // (CpuKernels::bf16_rows: bf16 dot products; int8_gemm: int8 ones), whose peak then bounds the
+  // compute where the ceilings have it (else the FMA peak).
   static Roofline Of(const ModelSpec& spec, const QuantParams& format, int64_t tokens, int distinct,
-                     DType activations, const Ceilings& ceilings, bool bf16_dot);
+                     DType activations, const Ceilings& ceilings, ComputePeak peak);
 };
 
 }  // namespace moekit::bench

@@ -61,7 +61,7 @@ TEST(RunCase, TimesEveryFormatAndBatchAndMatchesTheReference) {
     EXPECT_GE(r.distinct_experts, 2);
     EXPECT_LE(r.distinct_experts, std::min<int64_t>(8, 2 * r.tokens));
     EXPECT_EQ(r.roofline.bytes, Roofline::Of(c.spec, r.format, r.tokens, r.distinct_experts,
-                                             DType::bf16, kCeilings, false)
+                                             DType::bf16, kCeilings, ComputePeak::fma)
                                     .bytes);
   }
 }
@@ -130,7 +130,7 @@ CaseResult made_up_result(double error) {
   r.timing = Timing::Of({0.04, 0.05, 0.06});
   r.distinct_experts = 80;
   r.expected_distinct_experts = 82.4;
-  r.roofline = Roofline::Of(r.spec, r.format, 16, 80, DType::bf16, kCeilings, false);
+  r.roofline = Roofline::Of(r.spec, r.format, 16, 80, DType::bf16, kCeilings, ComputePeak::fma);
   r.error = error;
   r.ok = error <= kBf16Tolerance;
   return r;
@@ -147,7 +147,8 @@ TEST(BenchReport, JsonHasExactlyTheAgreedKeysInOrder) {
   keys.clear();
   for (const auto& [key, value] : json["machine"].items()) keys.push_back(key);
   EXPECT_EQ(keys, (std::vector<std::string>{"threads", "isa", "read_bandwidth_gbs",
-                                            "fma_peak_gflops", "bf16_dot_peak_gflops"}));
+                                            "fma_peak_gflops", "bf16_dot_peak_gflops",
+                                            "int8_dot_peak_gops", "int8_dot_isa"}));
   keys.clear();
   for (const auto& [key, value] : json["results"][0].items()) keys.push_back(key);
   EXPECT_EQ(keys, (std::vector<std::string>{"case",

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "moekit/platform.hpp"
 #include "support/run_moekit.hpp"
 
 namespace moekit {
@@ -76,6 +77,32 @@ TEST_F(BenchJson, ATinyCustomCaseWritesSaneResults) {
     EXPECT_GT(row.at("floor_ratio").get<double>(), 0.0);
     EXPECT_TRUE(row.at("bound") == "memory" || row.at("bound") == "compute");
   }
+}
+
+// --cpu-isa avx2 plans and measures as on this CPU without its AVX-512: no bf16 dot-product peak,
+// the int8 one on pmaddubsw, and int4-group-a8's GEMM rows on it, still checked.
+TEST_F(BenchJson, CpuIsaAvx2PlansAndMeasuresWithoutAvx512) {
+  if (!Platform::probe().avx2) GTEST_SKIP() << "this CPU lacks AVX2";
+  const RunResult r = run_moekit(
+      std::string(kTinyCase) +
+      " --cpu-isa avx2 --weights int4-group --activations int8 --group-size 32 --json '" +
+      path_.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(path_));
+  const nlohmann::json& machine = json.at("machine");
+  EXPECT_EQ(machine.at("bf16_dot_peak_gflops").get<double>(), 0.0);
+  EXPECT_EQ(machine.at("int8_dot_isa"), "avx2+fma");
+  EXPECT_GT(machine.at("int8_dot_peak_gops").get<double>(), 0.0);
+  for (const nlohmann::json& row : json.at("results")) {
+    EXPECT_TRUE(row.at("ok").get<bool>()) << row.dump();
+  }
+}
+
+TEST(BenchCli, AnUnknownCpuIsaExitsOneNamingIt) {
+  const RunResult r = run_moekit("bench --cpu-isa avx9");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--cpu-isa")) << r.output;
+  EXPECT_TRUE(contains(r.output, "avx9")) << r.output;
 }
 
 TEST(BenchCli, AnUnknownCaseExitsOneNamingTheCases) {

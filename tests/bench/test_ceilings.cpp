@@ -58,6 +58,30 @@ TEST(Ceilings, Bf16DotPeakIsMeasuredOnlyWhereTheCpuHasIt) {
   }
 }
 
+// The int8 dot-product peak is measured on the int8 GEMM's instruction: vpdpbusd where the CPU
+// has AVX-512 VNNI, else pmaddubsw with AVX2; an ISA the CPU lacks is an error, not a crash.
+TEST(Ceilings, Int8DotPeakIsMeasuredOnTheInt8GemmsInstruction) {
+  const Ceilings c = Ceilings::Measure(1, CeilingSizes::Tiny());
+  const Platform machine = Platform::probe();
+  if (machine.avx512_vnni) {
+    EXPECT_EQ(c.int8_isa, SimdIsa::avx512_vnni);
+  } else if (machine.avx2 && machine.fma) {
+    EXPECT_EQ(c.int8_isa, SimdIsa::avx2_fma);
+  } else {
+    EXPECT_EQ(c.int8_dot_ops_per_s, 0.0);
+  }
+  if (c.int8_isa != SimdIsa::portable) {
+    EXPECT_TRUE(positive_finite(c.int8_dot_ops_per_s)) << c.int8_dot_ops_per_s;
+  }
+  if (machine.avx2) {
+    EXPECT_TRUE(positive_finite(measure_int8_dot_peak(1, 1000, 1, SimdIsa::avx2_fma)));
+  }
+  if (!machine.avx512_vnni) {
+    EXPECT_THROW(measure_int8_dot_peak(1, 10, 1, SimdIsa::avx512_vnni), Error);
+  }
+  EXPECT_THROW(measure_int8_dot_peak(1, 10, 1, SimdIsa::portable), Error);
+}
+
 TEST(Ceilings, RefuseAnEmptyMeasurement) {
   EXPECT_THROW(measure_read_bandwidth(0, 1 << 20, 1, SimdIsa::portable), Error);
   EXPECT_THROW(measure_fma_peak(1, 0, 1, SimdIsa::portable), Error);

@@ -100,7 +100,8 @@ TEST_P(RooflineFloor, IsTheLongerOfStreamingTheBytesAndDoingTheFlops) {
   const BenchCase c =
       BenchCase::Routed("tiny", 4, 2, 8, 4, {WeightFormat::bf16}, {1}, DeviceKind::cpu);
   const Ceilings ceilings = Ceilings::Known(2, SimdIsa::portable, row.bandwidth, row.peak);
-  const Roofline r = Roofline::Of(c.spec, WeightFormat::bf16, 1, 2, DType::bf16, ceilings, false);
+  const Roofline r =
+      Roofline::Of(c.spec, WeightFormat::bf16, 1, 2, DType::bf16, ceilings, ComputePeak::fma);
   EXPECT_EQ(r.bytes, 432);
   EXPECT_DOUBLE_EQ(r.flops, 384.0);
   EXPECT_DOUBLE_EQ(r.floor_s, row.floor_s);
@@ -119,27 +120,36 @@ TEST(Roofline, CountsSixFlopsPerWeightPerRoutedToken) {
       BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
   const Ceilings ceilings = Ceilings::Known(2, SimdIsa::avx2_fma, 34.5e9, 204e9);
   const Roofline r =
-      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings, false);
+      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, ceilings, ComputePeak::fma);
   EXPECT_DOUBLE_EQ(r.flops, 6.0 * 512 * 8 * 2048 * 768);
 }
 
-// Where the plan's GEMM runs on bf16 dot products (CpuKernels::bf16_rows), that peak is the
-// compute ceiling, if the machine measured one; otherwise the FMA's.
-TEST(Roofline, PlannedBf16DotProductsAreBoundByTheBf16DotPeak) {
+// Where the plan's GEMM runs on bf16 or int8 dot products (CpuKernels::bf16_rows, int8_gemm),
+// that peak is the compute ceiling, if the machine measured one; otherwise the FMA's.
+TEST(Roofline, PlannedDotProductsAreBoundByTheirOwnPeak) {
   const BenchCase c =
       BenchCase::Routed("qwen3", 128, 8, 2048, 768, {WeightFormat::bf16}, {512}, DeviceKind::cpu);
   const double flops = 6.0 * 512 * 8 * 2048 * 768;
-  const Ceilings both = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9, 400e9);
+  Ceilings all = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9, 400e9);
+  all.int8_dot_ops_per_s = 800e9;
   const Ceilings fma_only = Ceilings::Known(2, SimdIsa::avx2_fma, 1e15, 200e9);
-  EXPECT_DOUBLE_EQ(
-      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both, true).floor_s,
-      flops / 400e9);
-  EXPECT_DOUBLE_EQ(
-      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, both, false).floor_s,
-      flops / 200e9);
-  EXPECT_DOUBLE_EQ(
-      Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, fma_only, true).floor_s,
-      flops / 200e9);
+  struct Row {
+    const Ceilings& ceilings;
+    ComputePeak peak;
+    double rate;
+  };
+  const Row rows[] = {{all, ComputePeak::bf16_dot, 400e9},
+                      {all, ComputePeak::int8_dot, 800e9},
+                      {all, ComputePeak::fma, 200e9},
+                      {fma_only, ComputePeak::bf16_dot, 200e9},
+                      {fma_only, ComputePeak::int8_dot, 200e9}};
+  for (const Row& row : rows) {
+    EXPECT_DOUBLE_EQ(
+        Roofline::Of(c.spec, WeightFormat::bf16, 512, 128, DType::bf16, row.ceilings, row.peak)
+            .floor_s,
+        flops / row.rate)
+        << "peak " << static_cast<int>(row.peak) << " at " << row.rate;
+  }
 }
 
 TEST(BoundName, NamesBothBounds) {

@@ -51,6 +51,14 @@ TEST(CudaGemmChoice, SixteenBitDecodesOnlyWherePrefillWouldLeaveSmsIdle) {
   EXPECT_EQ(choose_gemm({DType::f16, 512, 128, 2048, 768, 132}).kernel, GemmKernel::prefill);
 }
 
+TEST(CudaGemmChoice, SixteenBitPrefillTakesTilesOf128RowsFromAbout96RowsPerExpert) {
+  // DeepSeek-V3 at T = 512 (16 rows per expert) and 4096 (128); Qwen3-30B-A3B at T = 4096 (256).
+  EXPECT_EQ(choose_gemm({DType::bf16, 4096, 256, 7168, 2048, 132}).token_tile, 64);
+  EXPECT_EQ(choose_gemm({DType::bf16, 32768, 256, 7168, 2048, 132}).token_tile, 128);
+  EXPECT_EQ(choose_gemm({DType::f16, 32768, 128, 2048, 768, 132}).token_tile, 128);
+  EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).token_tile, 64);
+}
+
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
   // 264 twice over; at T = 8 (64 rows) more than enough for 4.
@@ -114,7 +122,7 @@ TEST(CudaGemmArguments, Fp8WithoutScalesIsRefused) {
   EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.scales");
 }
 
-TEST(CudaGemmArguments, APrefillTileOtherThan64IsRefused) {
+TEST(CudaGemmArguments, APrefillTileOtherThan64Or128IsRefused) {
   Gemm2Args a = gemm2_args();
   a.choice = {GemmKernel::prefill, 32};
   EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.choice");

@@ -482,8 +482,12 @@ CaseResult run_case(const GemmCase& c) {
 
 std::vector<GemmCase> all_cases() {
   using moekit::cuda_gemm::GemmKernel;
-  const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64};
+  const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64},
+      prefill128{GemmKernel::prefill, 128};
   const std::vector<int> few{0, 1, 3, 8, 0, 17}, many{0, 1, 64, 130, 7};
+  // Tiles of 128 rows: a full one, a tail of 2 rows, three tiles with a tail past every warp's
+  // first m16 tile, and one short tile.
+  const std::vector<int> many128{0, 128, 130, 300, 40};
   std::vector<GemmCase> cases;
   for (Format f : {Format::bf16, Format::f16, Format::fp8_block, Format::fp8_tensor,
                    Format::fp8_channel, Format::fp8_static}) {
@@ -527,6 +531,10 @@ std::vector<GemmCase> all_cases() {
     cases.push_back({n + "_prefill", f, 384, 256, many, Activation::SiluGated(), true, prefill});
     cases.push_back(
         {n + "_prefill_edges_gelu", f, 208, 144, many, Activation::GeluGated(), true, prefill});
+    cases.push_back(
+        {n + "_prefill128", f, 384, 256, many128, Activation::SiluGated(), true, prefill128});
+    cases.push_back({n + "_prefill128_edges_swiglu", f, 208, 144, many128, Activation::SwigluOai(),
+                     true, prefill128});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

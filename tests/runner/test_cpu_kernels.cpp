@@ -400,18 +400,35 @@ TEST(KernelChoice, FollowsTheFormatTheActivationsDtypeAndTheShape) {
   }
 }
 
-// int4-group-a8's GEMM rows take the int8 GEMM where the CPU has AVX-512 VNNI and every K is
-// in whole int4 blocks with groups of at most 256; otherwise the f32 GEMM, with the reason.
-TEST(KernelChoice, Int4A8GemmRowsTakeTheInt8GemmWithVnni) {
+// int4-group-a8's GEMM rows take the int8 GEMM wherever every K is in whole int4 blocks with
+// groups of at most 256, on vpdpbusd with AVX-512 VNNI and on pmaddubsw without; otherwise the
+// f32 GEMM, with the reason.
+TEST(KernelChoice, Int4A8GemmRowsTakeTheInt8GemmOnVnniOrAvx2) {
   const QuantParams a8 = QuantParams::Int4GroupA8(128, DType::bf16, false);
-  EXPECT_TRUE(planned_kernels(a8, 2048, 768, false, true).int8_gemm);
+  const CpuKernels vnni = planned_kernels(a8, 2048, 768, false, true);
+  EXPECT_TRUE(vnni.int8_gemm && vnni.avx512_vnni);
+  EXPECT_NE(vnni.gemm_reason.find("vpdpbusd"), std::string::npos) << vnni.gemm_reason;
   EXPECT_TRUE(planned_kernels(QuantParams::Int4GroupA8(32, DType::f16, true), 2048, 768, true, true)
                   .int8_gemm);
-  EXPECT_FALSE(planned_kernels(a8, 2048, 768, true, false).int8_gemm);
+  const CpuKernels avx2 = planned_kernels(a8, 2048, 768, true, false);
+  EXPECT_TRUE(avx2.int8_gemm && !avx2.avx512_vnni);
+  EXPECT_NE(avx2.gemm_reason.find("pmaddubsw"), std::string::npos) << avx2.gemm_reason;
   const CpuKernels wide = planned_kernels(QuantParams::Int4GroupA8(512), 2048, 1024, false, true);
   EXPECT_FALSE(wide.int8_gemm);
   EXPECT_NE(wide.gemm_reason.find("groups of 512"), std::string::npos) << wide.gemm_reason;
   EXPECT_FALSE(planned_kernels(QuantParams::Int4Group(128), 2048, 768, true, true).int8_gemm);
+}
+
+// The e4m3 rounding of fp8 GEMM inputs takes the widest vectors the CPU has (each gives the
+// scalar reference's values, tests/runner/test_e4m3_rows.cpp).
+TEST(KernelChoice, E4m3RoundingTakesTheWidestVectors) {
+  Platform platform = Platform::cpu_only(1);
+  const QuantParams fp8 = QuantParams::Fp8Block(128);
+  EXPECT_EQ(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3, E4m3Rounding::scalar);
+  platform.avx2 = platform.fma = platform.f16c = true;
+  EXPECT_EQ(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3, E4m3Rounding::avx2);
+  platform.avx512f = true;
+  EXPECT_EQ(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3, E4m3Rounding::avx512);
 }
 
 TEST(KernelChoice, IsPortableWithoutAvx2FmaAndF16c) {

@@ -26,16 +26,26 @@ size_t sz(int64_t i) {
   return static_cast<size_t>(i);
 }
 
-#define SKIP_WITHOUT_AVX512_VNNI() \
-  if (!Platform::probe().avx512_vnni) GTEST_SKIP() << "this CPU (or its OS) lacks AVX-512 VNNI"
+// The kernel sets of the int8 GEMM, each skipped where this CPU (or its OS) lacks it.
+std::string lacks(Int8Dot dot) {
+  const Platform machine = Platform::probe();
+  if (dot == Int8Dot::vnni) return machine.avx512_vnni ? "" : "AVX-512 VNNI";
+  return machine.avx2 && machine.fma && machine.f16c ? "" : "AVX2, FMA and F16C";
+}
+
+#define SKIP_WITHOUT(dot)                                                                   \
+  if (const std::string missing = lacks(dot); !missing.empty())                             \
+  GTEST_SKIP() << "the " << (dot == Int8Dot::vnni ? "vnni" : "maddubs") << " kernels need " \
+               << missing << ", which this machine lacks"
 
 struct Case {
+  Int8Dot dot;
   int64_t m, k, n, group_k, p_begin, p_end;
   bool zero_points;
 };
 
 std::string describe(const Case& c) {
-  std::string name = "m";
+  std::string name = c.dot == Int8Dot::vnni ? "vnni_m" : "maddubs_m";
   name += std::to_string(c.m);
   name += "_K" + std::to_string(c.k);
   name += "_N" + std::to_string(c.n);
@@ -144,20 +154,24 @@ std::vector<Case> cases() {
                           {512, 16, 256, 0, 1},  {36, 20, 4, 0, 2},   {100, 100, 128, 2, 7}};
   std::vector<Case> out;
   for (const Shape& s : shapes) {
-    for (const int64_t m : {1, 5, 8, 9, 17, 32, 33}) {
+    for (const int64_t m : {1, 3, 5, 8, 9, 17, 32, 33}) {
       for (const bool zero_points : {false, true}) {
-        out.push_back({m, s.k, s.n, s.group_k, s.p_begin, s.p_end, zero_points});
+        for (const Int8Dot dot : {Int8Dot::vnni, Int8Dot::maddubs}) {
+          out.push_back({dot, m, s.k, s.n, s.group_k, s.p_begin, s.p_end, zero_points});
+        }
       }
     }
   }
-  out.push_back({256, 512, 48, 64, 0, 3, false});
+  for (const Int8Dot dot : {Int8Dot::vnni, Int8Dot::maddubs}) {
+    out.push_back({dot, 256, 512, 48, 64, 0, 3, false});
+  }
   return out;
 }
 
 class GemmPanelsInt8Matches : public testing::TestWithParam<Case> {};
 
 TEST_P(GemmPanelsInt8Matches, TheFormatsIntegerSumsAndWritesOnlyItsPanels) {
-  SKIP_WITHOUT_AVX512_VNNI();
+  SKIP_WITHOUT(GetParam().dot);
   const Case& c = GetParam();
   const Problem problem(c, static_cast<uint64_t>(c.m * 977 + c.k * 13 + c.group_k + c.zero_points));
   const int64_t ldc = c.n + 5;
@@ -165,7 +179,7 @@ TEST_P(GemmPanelsInt8Matches, TheFormatsIntegerSumsAndWritesOnlyItsPanels) {
   std::vector<uint8_t> work(sz(gemm_int8_scratch_bytes() + 4));
 
   gemm_panels_int8(problem.rows(), c.m, problem.view(), c.p_begin, c.p_end, out.data(), ldc,
-                   work.data() + 4);
+                   work.data() + 4, c.dot);
 
   const int64_t first = c.p_begin * kPanelRows;
   const int64_t last = std::min(c.p_end * kPanelRows, c.n);
@@ -192,6 +206,30 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmPanelsInt8Matches, testing::ValuesIn(cases()), case_name);
 
+// The two kernels finish each group with the same f32 operations on the same exact integer sums,
+// so where this machine has both they give the same floats.
+TEST(GemmPanelsInt8, Avx2AndVnniGiveTheSameFloats) {
+  SKIP_WITHOUT(Int8Dot::vnni);
+  SKIP_WITHOUT(Int8Dot::maddubs);
+  for (const Case& c : {Case{Int8Dot::vnni, 37, 2048, 100, 128, 0, 7, true},
+                        Case{Int8Dot::vnni, 6, 768, 40, 32, 1, 3, false}}) {
+    const Problem problem(c, 99);
+    const int64_t ldc = c.n;
+    std::vector<float> vnni(sz(c.m * ldc)), maddubs(sz(c.m * ldc));
+    std::vector<uint8_t> work(sz(gemm_int8_scratch_bytes()));
+    gemm_panels_int8(problem.rows(), c.m, problem.view(), c.p_begin, c.p_end, vnni.data(), ldc,
+                     work.data(), Int8Dot::vnni);
+    gemm_panels_int8(problem.rows(), c.m, problem.view(), c.p_begin, c.p_end, maddubs.data(), ldc,
+                     work.data(), Int8Dot::maddubs);
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (int64_t col = c.p_begin * kPanelRows; col < std::min(c.n, c.p_end * kPanelRows); ++col) {
+        ASSERT_EQ(vnni[sz(r * ldc + col)], maddubs[sz(r * ldc + col)])
+            << describe(c) << " row " << r << " column " << col;
+      }
+    }
+  }
+}
+
 template <typename F>
 void expect_invalid(F f, const std::string& names) {
   try {
@@ -204,33 +242,51 @@ void expect_invalid(F f, const std::string& names) {
 }
 
 TEST(GemmPanelsInt8, RejectsBadArguments) {
-  SKIP_WITHOUT_AVX512_VNNI();
-  const Problem problem({4, 64, 20, 32, 0, 2, false}, 1);
+  SKIP_WITHOUT(Int8Dot::maddubs);
+  const Problem problem({Int8Dot::maddubs, 4, 64, 20, 32, 0, 2, false}, 1);
   std::vector<float> out(4 * 32);
   std::vector<uint8_t> work(sz(gemm_int8_scratch_bytes()));
   const PanelMatrix good = problem.view();
   PanelMatrix bf16 = good;
   bf16.dtype = DType::bf16;
   expect_invalid(
-      [&] { gemm_panels_int8(problem.rows(), 4, bf16, 0, 2, out.data(), 32, work.data()); },
+      [&] {
+        gemm_panels_int8(problem.rows(), 4, bf16, 0, 2, out.data(), 32, work.data(),
+                         Int8Dot::maddubs);
+      },
       "bf16");
   PanelMatrix wide = good;
   wide.group_k = 512;
   expect_invalid(
-      [&] { gemm_panels_int8(problem.rows(), 4, wide, 0, 2, out.data(), 32, work.data()); },
+      [&] {
+        gemm_panels_int8(problem.rows(), 4, wide, 0, 2, out.data(), 32, work.data(),
+                         Int8Dot::maddubs);
+      },
       "groups of 512");
   expect_invalid(
-      [&] { gemm_panels_int8(problem.rows(), 4, good, 1, 3, out.data(), 32, work.data()); },
+      [&] {
+        gemm_panels_int8(problem.rows(), 4, good, 1, 3, out.data(), 32, work.data(),
+                         Int8Dot::maddubs);
+      },
       "[1, 3)");
   Int8Matrix short_rows = problem.rows();
   short_rows.ldq = 32;
-  expect_invalid([&] { gemm_panels_int8(short_rows, 4, good, 0, 2, out.data(), 32, work.data()); },
-                 "rows of 32 codes");
   expect_invalid(
-      [&] { gemm_panels_int8(problem.rows(), 4, good, 0, 2, out.data(), 19, work.data()); },
+      [&] {
+        gemm_panels_int8(short_rows, 4, good, 0, 2, out.data(), 32, work.data(), Int8Dot::maddubs);
+      },
+      "rows of 32 codes");
+  expect_invalid(
+      [&] {
+        gemm_panels_int8(problem.rows(), 4, good, 0, 2, out.data(), 19, work.data(),
+                         Int8Dot::maddubs);
+      },
       "ldc 19");
-  expect_invalid([&] { gemm_panels_int8(problem.rows(), 4, good, 0, 2, out.data(), 32, nullptr); },
-                 "must not be null");
+  expect_invalid(
+      [&] {
+        gemm_panels_int8(problem.rows(), 4, good, 0, 2, out.data(), 32, nullptr, Int8Dot::maddubs);
+      },
+      "must not be null");
 }
 
 }  // namespace

@@ -67,6 +67,8 @@ inline KernelPlatform kernel_platform(KernelSet set, const Platform& machine, in
   need(machine.f16c, "F16C");
   if (set == KernelSet::avx512_bf16) need(machine.avx512_bf16, "AVX-512 BF16");
   if (set == KernelSet::avx512_vnni) need(machine.avx512_vnni, "AVX-512 VNNI");
+  // The AVX2 set is AVX2 alone: its e4m3 rounding too (CpuKernels::e4m3).
+  if (set == KernelSet::avx2) result.platform.avx512f = false;
   result.platform.avx512_bf16 = set == KernelSet::avx512_bf16;
   result.platform.avx512_vnni = set == KernelSet::avx512_vnni;
   return result;

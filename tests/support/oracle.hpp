@@ -232,8 +232,11 @@ inline QuantizedInput add_quantized_mlp(const Activation& act, const QuantParams
   return quantized;
 }
 
+// The largest of a stack's input scales; 0 for a stack that has none (a layer without shared
+// experts).
 inline float largest(const TensorView& t) {
   float m = 0.0f;
+  if (t.data == nullptr) return m;
   for (double v : to_doubles(t)) m = std::max(m, static_cast<float>(v));
   return m;
 }

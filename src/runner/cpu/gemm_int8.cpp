@@ -16,12 +16,13 @@ bool gemm_int8_reads(int64_t group_k, int64_t k) {
 }
 
 int64_t gemm_int8_scratch_bytes() {
-  // A K-block of 64 steps of 4 k, 64 bytes per step and panel; 64: room to align.
+  // A K-block of 64 steps of 4 k, 64 bytes per step and panel (the VNNI kernel widens two
+  // panels, the AVX2 one one); 64: room to align.
   return int8_gemm::kGroupPanels * (int8_gemm::kBlockK / kInt4BlockK) * 64 + 64;
 }
 
 void gemm_panels_int8(const Int8Matrix& a, int64_t m, const PanelMatrix& w, int64_t p_begin,
-                      int64_t p_end, float* c, int64_t ldc, void* work) {
+                      int64_t p_end, float* c, int64_t ldc, void* work, Int8Dot dot) {
   require(w.dtype == DType::i4, "gemm_panels_int8: weight dtype {} is not int4",
           dtype_name(w.dtype));
   require(w.n > 0 && w.k > 0 && w.data != nullptr && w.scale != nullptr,
@@ -52,7 +53,11 @@ void gemm_panels_int8(const Int8Matrix& a, int64_t m, const PanelMatrix& w, int6
                                    .scale_steps = w.scale_steps(),
                                    .scale = w.scale,
                                    .offset = w.offset};
-  int8_gemm::gemm_unchecked(a, m, weights, p_begin, p_end, c, ldc, work);
+  if (dot == Int8Dot::maddubs) {
+    int8_gemm::gemm_unchecked_maddubs(a, m, weights, p_begin, p_end, c, ldc, work);
+  } else {
+    int8_gemm::gemm_unchecked(a, m, weights, p_begin, p_end, c, ldc, work);
+  }
 }
 
 }  // namespace moekit::cpu

@@ -26,8 +26,8 @@ Int4RowsByActivations int4_rows(const QuantParams& q, int64_t hidden, int64_t in
 // Whether the GEMM rows of a layer in format q take the AVX-512 BF16 GEMM (given the CPU has
 // it), and why. Its weights must be exact in bf16 and every K the GEMMs meet (H, I, a shared
 // expert's I) must keep pairs of k inside one scale group.
-// Whether the GEMM rows of an int4-group-a8 layer can take the int8 GEMM (given AVX-512 VNNI):
-// every K it meets in whole int4 blocks and groups of at most one of its K-blocks.
+// Whether the GEMM rows of an int4-group-a8 layer can take the int8 GEMM (on AVX-512 VNNI or
+// AVX2): every K it meets in whole int4 blocks and groups of at most one of its K-blocks.
 bool int8_gemm_reads(const ModelSpec& spec, const QuantParams& q, std::string& reason) {
   if (q.weight_dtype != DType::i4 || q.activation != ActivationQuant::int8_per_token_group) {
     return false;
@@ -118,6 +118,9 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
     return k;
   }
   k.set = CpuKernelSet::avx2_panels;
+  // The e4m3 rounding of the fp8 formats' GEMM inputs gives the reference's values whichever
+  // vectors it uses, so the widest the CPU has.
+  k.e4m3 = platform.avx512f ? E4m3Rounding::avx512 : E4m3Rounding::avx2;
   k.avx512_vnni = platform.avx512_vnni;
   std::string reads;
   const bool bf16_format = bf16_gemm_reads(spec, q, reads);
@@ -133,11 +136,13 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
     k.gemm_reason = "GEMM rows in f32 (no AVX-512 BF16)";
   }
   std::string int8_reason;
-  k.int8_gemm = platform.avx512_vnni && int8_gemm_reads(spec, q, int8_reason);
+  k.int8_gemm = int8_gemm_reads(spec, q, int8_reason);
   if (k.int8_gemm) {
-    k.gemm_reason =
-        "GEMM rows quantised to int8 as the format defines them and multiplied by the "
-        "int4 codes on AVX-512 VNNI (vpdpbusd), exactly in int32 per group";
+    k.gemm_reason = platform.avx512_vnni
+                        ? "GEMM rows quantised to int8 as the format defines them and multiplied "
+                          "by the int4 codes on AVX-512 VNNI (vpdpbusd), exactly in int32 per group"
+                        : "GEMM rows quantised to int8 as the format defines them and multiplied "
+                          "by the int4 codes on AVX2 (pmaddubsw), exactly in int32 per group";
   } else {
     k.gemm_reason += int8_reason;
   }

@@ -15,12 +15,18 @@ namespace moekit::cpu {
 //   in bf16) take the AVX-512 BF16 GEMM (gemm_panels_bf16), which rounds the GEMM's inputs to
 //   bf16 as the model's own bf16 matmuls do and applies the weights' scales to the f32 sums of
 //   each group; f16 (finer than bf16) and f32 activations keep the f32 GEMM, as do int4 with zero
-//   points and int4-group-a8 (whose int8 rows the f32 GEMM computes exactly);
+//   points;
+// - int4-group-a8's GEMM rows: the int8 GEMM (the format's int8 rows times the int4 codes,
+//   exactly in int32) where its K and groups are whole int4 blocks of at most 256, on AVX-512
+//   VNNI where the CPU has it, else on AVX2's pmaddubsw; otherwise the f32 GEMM, which computes
+//   the same rows exactly too but at the fp32 FMA rate;
 // - streamed int4 rows (few rows per expert): int8 where the format quantises activations to
 //   int8; int16 for activations that came in as bf16 or f16 (an error of at most 2^-16 of a
 //   step's largest value, far below those dtypes' own rounding); f32 otherwise, and wherever a
 //   K or group of the layer is not in whole int4 blocks or is too long for exact integer sums;
-// - the integer kernels' dot products: AVX-512 VNNI where the CPU has it.
+// - the integer kernels' dot products: AVX-512 VNNI where the CPU has it;
+// - the fp8 formats' e4m3 rounding of GEMM inputs: AVX-512F where the CPU has it, else AVX2
+//   (the scalar reference's values either way, e4m3_rows.hpp).
 CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
                               const QuantParams& q);
 

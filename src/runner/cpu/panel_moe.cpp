@@ -6,9 +6,11 @@
 
 #include "moekit/error.hpp"
 #include "quant/activation_quant.hpp"
+#include "runner/cpu/e4m3_rows.hpp"
 #include "runner/cpu/gemm.hpp"
 #include "runner/cpu/gemm_bf16.hpp"
 #include "runner/cpu/gemm_int8.hpp"
+#include "runner/cpu/silu_panels.hpp"
 #include "runner/cpu/stream.hpp"
 #include "runner/kernels.hpp"
 
@@ -271,9 +273,11 @@ void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) co
     }
     if (int8) {
       round_to_int8(row, width, q.activation_group);
+    } else if (q.quantizes_activations() && q.activation != ActivationQuant::int8_per_token_group) {
+      quantize_e4m3_row(kernels_.e4m3, q, static_scale, row, width, row,
+                        scales == nullptr ? nullptr : scales + r * groups);
     } else {
-      quantize_activation_row(q, static_scale, row, width, row,
-                              scales == nullptr ? nullptr : scales + r * groups);
+      quantize_activation_row(q, static_scale, row, width, row);
     }
     if (steps > 0) step_sums(row, width, panels.first.group_k, sums + r * steps);
   }
@@ -383,7 +387,8 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
           const Int8Matrix& a = in.int8;
           gemm_panels_int8(
               {a.q + rc * a.ldq, a.ldq, a.scale + rc * a.steps, a.sums + rc * a.steps, a.steps}, mr,
-              m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work);
+              m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work,
+              in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
         } else if (in.bf16) {
           const InputScales scales{in.scales == nullptr ? nullptr : in.scales + rc * in.groups,
                                    in.groups, m.group_k};
@@ -448,9 +453,15 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+               const bool silu = problem_.activation.kind == ActivationKind::silu_gated;
                for (int64_t r = 0; r < mr; ++r) {
                  float* act = s.act + (rc + r) * I;
                  const float* y = tile + r * ldy;
+                 if (silu) {
+                   const int64_t i0 = pc * kHalfPanel;
+                   silu_gated_panels(y, std::min(pe * kHalfPanel, I) - i0, act + i0);
+                   continue;
+                 }
                  for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
                    const int64_t i0 = p * kHalfPanel;
                    const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);

@@ -81,11 +81,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Params 
   constexpr int kValues = 2 * kNT * 4 * 32;  // accumulators of one warp for one slice
   constexpr int kSliceCols = kGated ? 16 : 32;
   constexpr bool kFp8 = kElem == Elem::e4m3;
-  __shared__ int scratch[kDecodeWarps + 3];
+  __shared__ int scratch[kDecodeWarps + 4];
   __shared__ float partial[kDecodeWarps][kDecodeMaxSlices][kValues];
 
-  const Tile tile = find_tile<kDecodeThreads>(p.offsets, p.num_experts,
-                                              static_cast<int>(blockIdx.y), kDecodeRows, scratch);
+  const Tile tile = find_tile<kDecodeThreads>(
+      p.offsets, p.num_experts, static_cast<int>(blockIdx.y), kDecodeRows, 1, scratch);
   if (tile.expert < 0) return;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;

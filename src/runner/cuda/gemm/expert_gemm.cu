@@ -17,6 +17,7 @@ namespace {
 using detail::Elem;
 
 constexpr int kMaxGridY = 65535;
+constexpr int64_t kMaxGridX = 0x7FFFFFFF;
 
 // The heuristic's thresholds, from the H200 measurements in bench/cuda/NOTES.md (run 3):
 // - e4m3: decode (f16 mma after in-register conversion) beats prefill up to 4 rows per hit
@@ -27,6 +28,13 @@ constexpr int kMaxGridY = 65535;
 // - decode's slices: e4m3 gains from them (DeepSeek-V3 T = 64: 2597 against 2906 us); 16-bit
 //   loses (5537 against 5104 us), so 16-bit decode takes one slice per CTA.
 constexpr int64_t kDecodeMaxRowsFp8 = 4;
+// - 16-bit prefill: tiles of 128 rows (warps of 64 x 64) from about 96 rows per hit expert on
+//   (DeepSeek-V3 T = 4096: 12.4 against 13.8 ms; T = 16384: 38.1 against 46.1; Qwen3-30B-A3B
+//   T = 4096: 1.11 against 1.40), tiles of 64 below (Qwen3 T = 512: 355 against 373 us).
+//   e4m3 keeps tiles of 64: with fp8-block's second set of accumulators a 128-row tile has
+//   warps of 64 x 32 only, slower at every batch measured (DeepSeek-V3 T = 4096: 18.3 against
+//   12.8 ms; Qwen3 T = 4096: 1.97 against 1.42).
+constexpr int64_t kPrefill128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -102,6 +110,9 @@ bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
   return per_block;
 }
 
+static_assert(detail::Prefill64::kCols == detail::Prefill128::kCols &&
+              detail::Prefill64::kCols == detail::Prefill128Block::kCols);
+
 void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
             const GemmChoice& choice, cudaStream_t stream) {
   const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
@@ -110,11 +121,10 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
   const bool vec = static_cast<int64_t>(s.k) * bytes % 16 == 0 && aligned16(p.a) &&
                    aligned16(p.w) && aligned16(p.out);
   const detail::Variant v{s.gated, vec, per_block};
-  dim3 grid;
-  int64_t tiles;
   if (choice.kernel == GemmKernel::prefill) {
-    if (choice.token_tile != detail::kPrefillRows) {
-      bad(std::string(s.who) + ".choice: prefill takes token_tile 64, not " +
+    if (choice.token_tile != detail::Prefill64::kRows &&
+        choice.token_tile != detail::Prefill128::kRows) {
+      bad(std::string(s.who) + ".choice: prefill takes token_tile 64 or 128, not " +
           std::to_string(choice.token_tile));
     }
     if (!vec || s.n % 2 != 0) {
@@ -123,42 +133,53 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           std::to_string(s.k) + ", N = " + std::to_string(s.n) +
           "); choose_gemm picks decode for such shapes");
     }
-    tiles = detail::max_tiles(rows, p.num_experts, detail::kPrefillRows);
-    grid = dim3(static_cast<unsigned>(
-                    ceil_div(s.n, s.gated ? detail::kPrefillCols / 2 : detail::kPrefillCols)),
-                static_cast<unsigned>(tiles));
+    const int64_t items =
+        detail::max_tiles(rows, p.num_experts, choice.token_tile) *
+        ceil_div(s.n, s.gated ? detail::Prefill64::kCols / 2 : detail::Prefill64::kCols);
+    if (items > kMaxGridX) {
+      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
+          " CTAs, more than one launch takes");
+    }
+    const auto grid = static_cast<unsigned>(items);
+    switch (s.elem) {
+      case Elem::bf16:
+        detail::launch_prefill<Elem::bf16>(p, v, choice.token_tile, grid, stream);
+        break;
+      case Elem::f16:
+        detail::launch_prefill<Elem::f16>(p, v, choice.token_tile, grid, stream);
+        break;
+      case Elem::e4m3:
+        detail::launch_prefill<Elem::e4m3>(p, v, choice.token_tile, grid, stream);
+        break;
+    }
   } else {
     if (choice.token_tile != detail::kDecodeRows) {
       bad(std::string(s.who) + ".choice: decode takes token_tile 8, not " +
           std::to_string(choice.token_tile));
     }
-    tiles = detail::max_tiles(rows, p.num_experts, detail::kDecodeRows);
+    const int64_t tiles = detail::max_tiles(rows, p.num_experts, detail::kDecodeRows);
     if (slices < 1 || slices > detail::kDecodeMaxSlices) {
       bad(std::string(s.who) + ".choice: decode takes 1 to " +
           std::to_string(detail::kDecodeMaxSlices) + " slices, not " + std::to_string(slices));
     }
-    grid = dim3(static_cast<unsigned>(ceil_div(s.n, (s.gated ? 16 : 32) * slices)),
-                static_cast<unsigned>(tiles));
-  }
-  if (tiles > kMaxGridY) {
-    bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(tiles) +
-        " row tiles, more than one launch takes (" + std::to_string(kMaxGridY) +
-        "); use a larger tile");
-  }
-  const bool prefill = choice.kernel == GemmKernel::prefill;
-  switch (s.elem) {
-    case Elem::bf16:
-      prefill ? detail::launch_prefill<Elem::bf16>(p, v, grid, stream)
-              : detail::launch_decode<Elem::bf16>(p, v, grid, stream);
-      break;
-    case Elem::f16:
-      prefill ? detail::launch_prefill<Elem::f16>(p, v, grid, stream)
-              : detail::launch_decode<Elem::f16>(p, v, grid, stream);
-      break;
-    case Elem::e4m3:
-      prefill ? detail::launch_prefill<Elem::e4m3>(p, v, grid, stream)
-              : detail::launch_decode<Elem::e4m3>(p, v, grid, stream);
-      break;
+    if (tiles > kMaxGridY) {
+      bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(tiles) +
+          " row tiles, more than one launch takes (" + std::to_string(kMaxGridY) +
+          "); use a larger tile");
+    }
+    const dim3 grid(static_cast<unsigned>(ceil_div(s.n, (s.gated ? 16 : 32) * slices)),
+                    static_cast<unsigned>(tiles));
+    switch (s.elem) {
+      case Elem::bf16:
+        detail::launch_decode<Elem::bf16>(p, v, grid, stream);
+        break;
+      case Elem::f16:
+        detail::launch_decode<Elem::f16>(p, v, grid, stream);
+        break;
+      case Elem::e4m3:
+        detail::launch_decode<Elem::e4m3>(p, v, grid, stream);
+        break;
+    }
   }
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) {
@@ -199,10 +220,15 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
   const int per16 = fp8 ? 16 : 8;
   const bool aligned = problem.hidden % per16 == 0 && problem.intermediate % per16 == 0;
   // GEMM1's CTAs on prefill: column tiles of 64 times the experts' row tiles of 64.
-  const int64_t prefill_ctas = ceil_div(problem.intermediate, detail::kPrefillCols / 2) *
-                               detail::max_tiles(rows, static_cast<int>(hit), detail::kPrefillRows);
+  const int64_t prefill_ctas =
+      ceil_div(problem.intermediate, detail::Prefill64::kCols / 2) *
+      detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
-  if (!decode) return {GemmKernel::prefill, detail::kPrefillRows, 1, 1};
+  if (!decode) {
+    const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows
+                                                              : detail::Prefill64::kRows;
+    return {GemmKernel::prefill, tile, 1, 1};
+  }
   if (!fp8) return {GemmKernel::decode, detail::kDecodeRows, 1, 1};
   // As many slices as leave two waves of CTAs (two per SM), from the bound on the row tiles.
   const int64_t row_tiles = detail::max_tiles(rows, static_cast<int>(hit), detail::kDecodeRows);

@@ -168,18 +168,22 @@ __device__ __forceinline__ void store_activation(const Params& p, int64_t at, fl
 }
 
 struct Tile {
-  int expert;  // -1: no tile for this CTA
+  int expert;  // -1: no work for this CTA
   int row0;
   int rows;
+  int col;  // the column tile, for grids that enumerate them with the row tiles
 };
 
-// The tile-th tile of tile_rows rows over the experts' groups, in expert order: expert e has
-// ceil(count_e / tile_rows) tiles. kThreads threads each sum a run of experts, and a block scan
-// finds the run that holds the tile. One round of loads from offsets; `scratch` holds
-// kThreads / 32 + 3 ints of shared memory.
+// Work item `item` of a grid that visits the experts in order and, within an expert, each of
+// its `col_tiles` column tiles for all of its row tiles (row tiles fastest): expert e has
+// ceil(count_e / tile_rows) * col_tiles items. The CTAs that run together then share one column
+// tile of the weights and the expert's rows, both in L2, so that each is read from memory about
+// once however many row tiles an expert has. kThreads threads each sum a run of experts, and a
+// block scan finds the run that holds the item. One round of loads from offsets; `scratch` holds
+// kThreads / 32 + 4 ints of shared memory.
 template <int kThreads>
-__device__ Tile find_tile(const int32_t* __restrict__ offsets, int num_experts, int tile,
-                          int tile_rows, int* scratch) {
+__device__ Tile find_tile(const int32_t* __restrict__ offsets, int num_experts, int item,
+                          int tile_rows, int col_tiles, int* scratch) {
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int per = (num_experts + kThreads - 1) / kThreads;
@@ -187,7 +191,7 @@ __device__ Tile find_tile(const int32_t* __restrict__ offsets, int num_experts, 
   int local = 0;
   for (int e = e0; e < e1; ++e) {
     const int count = __ldg(offsets + e + 1) - __ldg(offsets + e);
-    local += (count + tile_rows - 1) / tile_rows;
+    local += (count + tile_rows - 1) / tile_rows * col_tiles;
   }
   int inclusive = local;
   for (int d = 1; d < 32; d <<= 1) {
@@ -200,22 +204,25 @@ __device__ Tile find_tile(const int32_t* __restrict__ offsets, int num_experts, 
   int before = 0;
   for (int w = 0; w < warp; ++w) before += scratch[w];
   const int first = before + inclusive - local;
-  if (tile >= first && tile < first + local) {
-    int t = tile - first;
+  if (item >= first && item < first + local) {
+    int t = item - first;
     for (int e = e0; e < e1; ++e) {
       const int begin = __ldg(offsets + e), count = __ldg(offsets + e + 1) - begin;
       const int tiles = (count + tile_rows - 1) / tile_rows;
-      if (t < tiles) {
+      if (t < tiles * col_tiles) {
+        const int row_tile = t % tiles;
         scratch[kThreads / 32] = e;
-        scratch[kThreads / 32 + 1] = begin + t * tile_rows;
-        scratch[kThreads / 32 + 2] = min(tile_rows, count - t * tile_rows);
+        scratch[kThreads / 32 + 1] = begin + row_tile * tile_rows;
+        scratch[kThreads / 32 + 2] = min(tile_rows, count - row_tile * tile_rows);
+        scratch[kThreads / 32 + 3] = t / tiles;
         break;
       }
-      t -= tiles;
+      t -= tiles * col_tiles;
     }
   }
   __syncthreads();
-  return {scratch[kThreads / 32], scratch[kThreads / 32 + 1], scratch[kThreads / 32 + 2]};
+  return {scratch[kThreads / 32], scratch[kThreads / 32 + 1], scratch[kThreads / 32 + 2],
+          scratch[kThreads / 32 + 3]};
 }
 
 // Upper bound of the tiles over all experts: sum ceil(c_e / t) <= rows / t + min(E, rows).

@@ -38,44 +38,60 @@ void launch_decode(const Params& p, const Variant& v, dim3 grid, cudaStream_t st
   }
 }
 
-template <Elem kElem, bool kGated, bool kPerBlock>
-void launch_prefill_variant(const Params& p, dim3 grid, cudaStream_t stream) {
-  const auto kernel = prefill_kernel<kElem, kGated, kPerBlock>;
+template <class S, Elem kElem, bool kGated, bool kPerBlock>
+void launch_prefill_shape(const Params& p, unsigned grid, cudaStream_t stream) {
+  const auto kernel = prefill_kernel<S, kElem, kGated, kPerBlock>;
   // Set once per variant: the attribute outlives the call and is no stream operation.
   static const cudaError_t attribute =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
   (void)attribute;
-  cuda_launch::launch(kernel, grid, kPrefillThreads, kPrefillSmemBytes, stream, p);
+  cuda_launch::launch(kernel, dim3(grid), S::kThreads, S::kSmemBytes, stream, p);
+}
+
+// The grid: one CTA per work item of find_tile (row tiles x column tiles, an upper bound).
+template <Elem kElem, bool kGated, bool kPerBlock>
+void launch_prefill_variant(const Params& p, int token_tile, unsigned grid, cudaStream_t stream) {
+  if (token_tile == Prefill64::kRows) {
+    launch_prefill_shape<Prefill64, kElem, kGated, kPerBlock>(p, grid, stream);
+  } else if constexpr (kPerBlock) {
+    launch_prefill_shape<Prefill128Block, kElem, kGated, kPerBlock>(p, grid, stream);
+  } else {
+    launch_prefill_shape<Prefill128, kElem, kGated, kPerBlock>(p, grid, stream);
+  }
 }
 
 template <Elem kElem>
-void launch_prefill(const Params& p, const Variant& v, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned grid,
+                    cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (v.per_block) {
       if (v.gated) {
-        launch_prefill_variant<kElem, true, true>(p, grid, stream);
+        launch_prefill_variant<kElem, true, true>(p, token_tile, grid, stream);
       } else {
-        launch_prefill_variant<kElem, false, true>(p, grid, stream);
+        launch_prefill_variant<kElem, false, true>(p, token_tile, grid, stream);
       }
       return;
     }
   }
   if (v.gated) {
-    launch_prefill_variant<kElem, true, false>(p, grid, stream);
+    launch_prefill_variant<kElem, true, false>(p, token_tile, grid, stream);
   } else {
-    launch_prefill_variant<kElem, false, false>(p, grid, stream);
+    launch_prefill_variant<kElem, false, false>(p, token_tile, grid, stream);
   }
 }
 
 extern template void launch_decode<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
 extern template void launch_decode<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);
 extern template void launch_decode<Elem::e4m3>(const Params&, const Variant&, dim3, cudaStream_t);
-extern template void launch_prefill<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
-extern template void launch_prefill<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);
-extern template void launch_prefill<Elem::e4m3>(const Params&, const Variant&, dim3, cudaStream_t);
+extern template void launch_prefill<Elem::bf16>(const Params&, const Variant&, int, unsigned,
+                                                cudaStream_t);
+extern template void launch_prefill<Elem::f16>(const Params&, const Variant&, int, unsigned,
+                                               cudaStream_t);
+extern template void launch_prefill<Elem::e4m3>(const Params&, const Variant&, int, unsigned,
+                                                cudaStream_t);
 
 #define MOEKIT_GEMM_INSTANTIATE(ELEM)                                                   \
   template void launch_decode<ELEM>(const Params&, const Variant&, dim3, cudaStream_t); \
-  template void launch_prefill<ELEM>(const Params&, const Variant&, dim3, cudaStream_t);
+  template void launch_prefill<ELEM>(const Params&, const Variant&, int, unsigned, cudaStream_t);
 
 }  // namespace moekit::cuda_gemm::detail
