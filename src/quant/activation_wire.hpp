@@ -9,12 +9,13 @@
 // it restores each value as code x scale, the value the runner's quantisation gives it, rounded
 // to the hidden states' dtype, and the runner's quantisation turns that row into exactly the same
 // codes and scales again:
-// - a code: code x scale is within 2^-9 of itself after rounding to f32 or bf16, far inside the
-//   e4m3 step around the code (1/16 at least), so it divides back to the same code;
+// - a code: code x scale rounded to f32 or bf16 is within 2^-9 (relative) of code x scale, far
+//   inside the e4m3 step around the code (1/16 at least), so it divides back to the same code;
 // - a scale: the group's largest value has code 448 and comes back as 448 x scale. For bf16
 //   rows that rounds back to the row's amax, a bf16 value within 2^-23 of it; for f32 rows,
-//   448 x (a / 448) / 448 == a / 448 in f32 for every a (tests/quant/test_activation_wire.cpp
-//   checks every mantissa), so the runner recomputes the same scale either way.
+//   448 x (a / 448) / 448 == a / 448 in f32 for every normal a (tests/quant/
+//   test_activation_wire.cpp checks every mantissa; the exponent only shifts it), so the runner
+//   recomputes the same scale either way.
 // f16 rows are not carried: near f16's subnormals its steps are as coarse as e4m3's.
 
 #include <bit>
