@@ -14,6 +14,7 @@
 #include "comm/communicator.hpp"
 #include "contracts/exec.hpp"
 #include "contracts/rows.hpp"
+#include "core/scratch.hpp"
 #include "moekit/plan.hpp"
 #include "plan/capability.hpp"
 
@@ -114,6 +115,19 @@ inline constexpr std::string_view kReduceStep = "combine: sum of the ranks' part
 void prepare_agreement(ExchangeArrays& arrays, int64_t* pairs_out, int64_t status, int64_t tokens);
 void check_agreement(const Communicator& comm, const int64_t* pairs_in, int64_t tokens,
                      const CommStep& step);
+// The standard dispatchers' scratch, on the CPU and the GPU alike: the local ids, and in the
+// reduce form the (status, tokens) pairs going out and coming in ([size][2] each, in the
+// communicator's buffers) and the sum's scratch.
+struct StandardScratch {
+  int32_t* local_ids;
+  int64_t* pairs_out;
+  int64_t* pairs_in;
+  float* reduce;
+
+  // Declares (a counting carver) or hands out (one over the scratch) the same layout.
+  static StandardScratch carve(ScratchCarver& carver, const DispatcherProblem& problem);
+  static int64_t bytes(const DispatcherProblem& problem);
+};
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
 #endif

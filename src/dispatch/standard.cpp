@@ -29,11 +29,7 @@ class StandardDispatcher final : public Dispatcher {
 
   bool collective() const override { return p_.comm != nullptr; }
 
-  int64_t scratch_bytes() const override {
-    ScratchCarver counter;
-    carve(counter);
-    return counter.bytes();
-  }
+  int64_t scratch_bytes() const override { return StandardScratch::bytes(p_); }
 
   DispatchOutput dispatch(const ExecContext& ctx, const TensorView& hidden,
                           const int32_t* global_ids, const float* weights, float* combined,
@@ -42,7 +38,7 @@ class StandardDispatcher final : public Dispatcher {
     if (entries > max_entries()) {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
-    const Arrays a = carve_at(scratch);
+    const StandardScratch a = carve_at(scratch);
     if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
     int32_t* local_ids = a.local_ids;
     const auto n_global = static_cast<int32_t>(p_.global_to_local.size());
@@ -57,7 +53,7 @@ class StandardDispatcher final : public Dispatcher {
   void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
                void* scratch) override {
     if (p_.comm == nullptr) return;
-    const Arrays a = carve_at(scratch);
+    const StandardScratch a = carve_at(scratch);
     p_.comm->all_reduce_sum(ctx, combined, dispatched.tokens * p_.hidden, a.reduce,
                             {kReduceStep, p_.timeout_ms});
   }
@@ -67,29 +63,16 @@ class StandardDispatcher final : public Dispatcher {
   }
 
  private:
-  struct Arrays {
-    int32_t* local_ids;
-    int64_t* status_out;  // [size][2]: this rank's (status, tokens), once per peer
-    int64_t* status_in;   // [size][2]: each rank's
-    float* reduce;        // the communicator's scratch for the sum
-  };
-  Arrays carve(ScratchCarver& c) const {
-    const int size = p_.comm != nullptr ? p_.comm->size() : 0;
-    return {c.take<int32_t>(max_entries()), c.take<int64_t>(2 * size), c.take<int64_t>(2 * size),
-            c.take<float>(p_.comm != nullptr
-                              ? p_.comm->all_reduce_scratch(p_.max_received_tokens * p_.hidden)
-                              : 0)};
-  }
-  Arrays carve_at(void* scratch) const {
+  StandardScratch carve_at(void* scratch) const {
     ScratchCarver carver(scratch);
-    return carve(carver);
+    return StandardScratch::carve(carver, p_);
   }
 
-  void agree(const ExecContext& ctx, const Arrays& a, int64_t status, int64_t tokens) {
+  void agree(const ExecContext& ctx, const StandardScratch& a, int64_t status, int64_t tokens) {
     const CommStep step{kAgreementStep, p_.timeout_ms};
-    prepare_agreement(*arrays_, a.status_out, status, tokens);
-    p_.comm->all_to_all(ctx, arrays_->view(a.status_out, a.status_in), step);
-    if (status == kRankReady) check_agreement(*p_.comm, a.status_in, tokens, step);
+    prepare_agreement(*arrays_, a.pairs_out, status, tokens);
+    p_.comm->all_to_all(ctx, arrays_->view(a.pairs_out, a.pairs_in), step);
+    if (status == kRankReady) check_agreement(*p_.comm, a.pairs_in, tokens, step);
   }
 
   int64_t max_entries() const { return p_.max_received_tokens * p_.columns; }
@@ -99,6 +82,20 @@ class StandardDispatcher final : public Dispatcher {
 };
 
 }  // namespace
+
+StandardScratch StandardScratch::carve(ScratchCarver& c, const DispatcherProblem& p) {
+  const int size = p.comm != nullptr ? p.comm->size() : 0;
+  const int64_t reduce =
+      p.comm != nullptr ? p.comm->all_reduce_scratch(p.max_received_tokens * p.hidden) : 0;
+  return {c.take<int32_t>(p.max_received_tokens * p.columns), c.take<int64_t>(2 * size),
+          c.take<int64_t>(2 * size), c.take<float>(reduce)};
+}
+
+int64_t StandardScratch::bytes(const DispatcherProblem& p) {
+  ScratchCarver counter;
+  carve(counter, p);
+  return counter.bytes();
+}
 
 void prepare_agreement(ExchangeArrays& arrays, int64_t* pairs_out, int64_t status, int64_t tokens) {
   constexpr auto kPair = static_cast<int64_t>(2 * sizeof(int64_t));

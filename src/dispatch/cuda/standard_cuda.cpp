@@ -36,11 +36,7 @@ class CudaStandardDispatcher final : public Dispatcher {
 
   bool collective() const override { return p_.comm != nullptr; }
 
-  int64_t scratch_bytes() const override {
-    ScratchCarver counter;
-    carve(counter);
-    return counter.bytes();
-  }
+  int64_t scratch_bytes() const override { return StandardScratch::bytes(p_); }
 
   DispatchOutput dispatch(const ExecContext& ctx, const TensorView& hidden,
                           const int32_t* global_ids, const float* weights, float* combined,
@@ -49,7 +45,7 @@ class CudaStandardDispatcher final : public Dispatcher {
     if (entries > max_entries()) {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
-    const Arrays a = carve_at(scratch);
+    const StandardScratch a = carve_at(scratch);
     if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
     dispatch::cuda::map_to_local({.global_ids = global_ids,
                                   .global_to_local = table_.data<int32_t>(),
@@ -72,27 +68,14 @@ class CudaStandardDispatcher final : public Dispatcher {
   }
 
  private:
-  struct Arrays {
-    int32_t* local_ids;
-    int64_t* pairs_out;  // [size][2] on the device: this rank's (status, tokens), once per peer
-    int64_t* pairs_in;   // [size][2] on the device: each rank's
-    float* reduce;       // the communicator's scratch for the sum
-  };
-  Arrays carve(ScratchCarver& c) const {
-    const int size = p_.comm != nullptr ? p_.comm->size() : 0;
-    return {c.take<int32_t>(max_entries()), c.take<int64_t>(2 * size), c.take<int64_t>(2 * size),
-            c.take<float>(p_.comm != nullptr
-                              ? p_.comm->all_reduce_scratch(p_.max_received_tokens * p_.hidden)
-                              : 0)};
-  }
-  Arrays carve_at(void* scratch) const {
+  StandardScratch carve_at(void* scratch) const {
     ScratchCarver carver(scratch);
-    return carve(carver);
+    return StandardScratch::carve(carver, p_);
   }
 
   // The pairs go up to the device on the layer's stream before the exchange and come back after
   // it (the exchange has waited for the stream, so the copy back is all that is left on it).
-  void agree(const ExecContext& ctx, const Arrays& a, int64_t status, int64_t tokens) {
+  void agree(const ExecContext& ctx, const StandardScratch& a, int64_t status, int64_t tokens) {
     const CommStep step{kAgreementStep, p_.timeout_ms};
     const auto bytes = pairs_out_.size() * sizeof(int64_t);
     prepare_agreement(*arrays_, pairs_out_.data(), status, tokens);
