@@ -10,6 +10,7 @@ G=src/runner/cuda/gemm
 for f in $G/gemm_bf16.cu $G/gemm_f16.cu $G/gemm_e4m3.cu $G/expert_gemm.cu tests/cuda/test_cuda_gemm_cases.cu; do
   nvcc $F -Xptxas -warn-spills -c "$f" -o "build/$(basename "$f").o" 2>&1 | tee -a "$OUT/build.log" &
 done
+nvcc ${F/compute_90,code=sm_90/compute_90a,code=sm_90a} -Xptxas -warn-spills -c $G/gemm_wgmma_sm90a.cu -o build/gemm_wgmma_sm90a.cu.o 2>&1 | tee -a "$OUT/build.log" &
 wait
 nvcc $F -o build/gemm_check bench/cuda/gemm_check.cu build/*.o 2>&1 | tee -a "$OUT/build.log"
 nvcc $F -o build/gemm_bench bench/cuda/gemm_bench.cu build/gemm_*.o build/expert_gemm.cu.o 2>&1 | tee -a "$OUT/build.log"

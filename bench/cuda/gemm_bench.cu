@@ -290,8 +290,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int sm_count = 0;
+  int sm_count = 0, major = 0, minor = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "capability");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), "capability");
+  const int cc = major * 10 + minor;
   const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768};
   std::vector<Result> results;
   for (const Model& m : {dsv3, qwen}) {
@@ -309,14 +312,17 @@ int main(int argc, char** argv) {
       check(cudaDeviceSynchronize(), "init");
       for (int T : ts) {
         if (quick && T > 64) continue;
-        const GemmChoice chosen = choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count});
+        const GemmChoice chosen =
+            choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count, cc});
         results.push_back(run_case(m, dtype, T, chosen, w13, w2, w13_scales, w2_scales));
         // The other kernels and tiles on the same case, to check the heuristic against.
         if (!others) continue;
         for (const GemmChoice& other :
              {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1},
-              GemmChoice{GemmKernel::prefill, 128, 1, 1}}) {
+              GemmChoice{GemmKernel::prefill, 128, 1, 1}, GemmChoice{GemmKernel::wgmma, 64, 1, 1},
+              GemmChoice{GemmKernel::wgmma, 128, 1, 1}}) {
           if (other.str() == chosen.str()) continue;
+          if (other.kernel == GemmKernel::wgmma && cc != 90) continue;
           // Decode past a few dozen rows per expert is far behind and slow to run.
           if (other.kernel == GemmKernel::decode && int64_t{T} * m.k > 32 * m.E) continue;
           std::printf("  other: ");

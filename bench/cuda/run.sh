@@ -35,6 +35,8 @@ if [ "${MOEKIT_GEMM_BENCH:-0}" = 1 ]; then
     src/runner/cuda/gemm/gemm_e4m3.cu src/runner/cuda/gemm/expert_gemm.cu; do
     nvcc $flags -c "$f" -o "$build/gemm_bench/$(basename "$f").o" &
   done
+  nvcc ${flags/compute_90,code=sm_90/compute_90a,code=sm_90a} -c src/runner/cuda/gemm/gemm_wgmma_sm90a.cu \
+    -o "$build/gemm_bench/gemm_wgmma_sm90a.cu.o" &
   wait
   nvcc $flags -o "$build/gemm_bench/gemm_bench" bench/cuda/gemm_bench.cu "$build"/gemm_bench/*.o &&
     "$build/gemm_bench/gemm_bench" --json "$build/gemm_bench.json"

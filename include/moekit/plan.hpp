@@ -34,7 +34,8 @@ struct Decision {
 // src/runner/cuda/kernel_choice.cpp, the one function that decides them) for every batch size up
 // to max_tokens, kept as runs of batch sizes with the same choice; forward() takes the run its T
 // falls in.
-enum class CudaGemmKernel : uint8_t { decode, prefill };
+enum class CudaGemmKernel : uint8_t { decode, prefill, wgmma };
+std::string_view cuda_gemm_kernel_name(CudaGemmKernel kernel);
 struct CudaGemmChoice {
   int64_t up_to_tokens = 0;  // this choice serves batches of (previous run's, up_to_tokens]
   CudaGemmKernel kernel = CudaGemmKernel::decode;

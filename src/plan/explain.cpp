@@ -40,6 +40,18 @@ std::string_view comm_name(CommKind kind) {
   return "?";
 }
 
+std::string_view cuda_gemm_kernel_name(CudaGemmKernel kernel) {
+  switch (kernel) {
+    case CudaGemmKernel::decode:
+      return "decode";
+    case CudaGemmKernel::prefill:
+      return "prefill";
+    case CudaGemmKernel::wgmma:
+      return "wgmma";
+  }
+  return "?";
+}
+
 std::string_view dispatch_format_name(DispatchFormat format) {
   switch (format) {
     case DispatchFormat::standard:

@@ -59,6 +59,21 @@ TEST(CudaGemmChoice, SixteenBitPrefillTakesTilesOf128RowsFromAbout96RowsPerExper
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132}).token_tile, 64);
 }
 
+TEST(CudaGemmChoice, HopperTakesWgmmaWherePrefillWouldRun) {
+  // The same batches on a GPU of compute capability 9.0 and on one of 8.0.
+  const auto on = [](DType dtype, int64_t rows, int E, int H, int I, int cc) {
+    return choose_gemm({dtype, rows, E, H, I, 132, cc});
+  };
+  EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
+  EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 80).kernel, GemmKernel::prefill);
+  EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
+  EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).token_tile, 128);
+  EXPECT_EQ(on(DType::f8e4m3, 4096, 128, 2048, 768, 90).token_tile, 64);
+  // Decode stays where it was: e4m3 up to 4 rows per expert, rows not 16-byte aligned.
+  EXPECT_EQ(on(DType::f8e4m3, 512, 256, 7168, 2048, 90).kernel, GemmKernel::decode);
+  EXPECT_EQ(on(DType::bf16, 32768, 256, 7166, 2048, 90).kernel, GemmKernel::decode);
+}
+
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
   // 264 twice over; at T = 8 (64 rows) more than enough for 4.
@@ -126,6 +141,12 @@ TEST(CudaGemmArguments, APrefillTileOtherThan64Or128IsRefused) {
   Gemm2Args a = gemm2_args();
   a.choice = {GemmKernel::prefill, 32};
   EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.choice");
+}
+
+TEST(CudaGemmArguments, AWgmmaTileOtherThan64Or128IsRefused) {
+  Gemm1Args a = gemm1_args();
+  a.choice = {GemmKernel::wgmma, 256};
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.choice");
 }
 
 TEST(CudaGemmArguments, NoExpertsIsRefused) {

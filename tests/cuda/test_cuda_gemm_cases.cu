@@ -306,10 +306,22 @@ std::string gpu_missing() {
   return "";
 }
 
+int compute_capability() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return prop.major * 10 + prop.minor;
+}
+
 CaseResult run_case(const GemmCase& c) {
   CaseResult result;
   result.skip_reason = gpu_missing();
   if (!result.skip_reason.empty()) return result;
+  const int cc = compute_capability();
+  if (c.forced && c.choice.kernel == moekit::cuda_gemm::GemmKernel::wgmma && cc != 90) {
+    result.skip_reason = "the wgmma kernel runs on GPUs of compute capability 9.0 only, not " +
+                         std::to_string(cc / 10) + "." + std::to_string(cc % 10);
+    return result;
+  }
   result.ran = true;
   const auto fail = [&](const std::string& what) {
     result.failures.push_back(c.name + ": " + what);
@@ -342,7 +354,7 @@ CaseResult run_case(const GemmCase& c) {
   for (double v : act_want) act_max = std::max(act_max, std::fabs(v));
   const float act_static = static_cast<float>(act_max / 448.0 * 1.1) + 1e-6f;
 
-  const GemmChoice choice = c.forced ? c.choice : choose_gemm({dtype, rows, E, H, I, 132});
+  const GemmChoice choice = c.forced ? c.choice : choose_gemm({dtype, rows, E, H, I, 132, cc});
   const int elem = fp8 ? 1 : 2;
   const auto d_x = to_device(xq.bytes);
   const auto d_w13 = to_device(w13.bytes);
@@ -483,7 +495,8 @@ CaseResult run_case(const GemmCase& c) {
 std::vector<GemmCase> all_cases() {
   using moekit::cuda_gemm::GemmKernel;
   const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64},
-      prefill128{GemmKernel::prefill, 128};
+      prefill128{GemmKernel::prefill, 128}, wgmma{GemmKernel::wgmma, 64},
+      wgmma128{GemmKernel::wgmma, 128};
   const std::vector<int> few{0, 1, 3, 8, 0, 17}, many{0, 1, 64, 130, 7};
   // Tiles of 128 rows: a full one, a tail of 2 rows, three tiles with a tail past every warp's
   // first m16 tile, and one short tile.
@@ -535,6 +548,15 @@ std::vector<GemmCase> all_cases() {
         {n + "_prefill128", f, 384, 256, many128, Activation::SiluGated(), true, prefill128});
     cases.push_back({n + "_prefill128_edges_swiglu", f, 208, 144, many128, Activation::SwigluOai(),
                      true, prefill128});
+    // Hopper: both warpgroups on 64 rows (half the columns each), and on 64 rows each; the last
+    // column tile partly or wholly past N for one warpgroup.
+    cases.push_back({n + "_wgmma", f, 384, 256, many, Activation::SiluGated(), true, wgmma});
+    cases.push_back(
+        {n + "_wgmma_edges_gelu", f, 208, 144, many, Activation::GeluGated(), true, wgmma});
+    cases.push_back(
+        {n + "_wgmma128", f, 384, 256, many128, Activation::SiluGated(), true, wgmma128});
+    cases.push_back({n + "_wgmma128_edges_swiglu", f, 208, 144, many128, Activation::SwigluOai(),
+                     true, wgmma128});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

@@ -294,7 +294,7 @@ std::string gemm_path(const Plan& plan, int64_t tokens) {
   if (c.kernel == CudaGemmKernel::decode) {
     return fmt::format("decode/{}x{}", c.gemm1_slices, c.gemm2_slices);
   }
-  return fmt::format("prefill/{}", c.token_tile);
+  return fmt::format("{}/{}", cuda_gemm_kernel_name(c.kernel), c.token_tile);
 }
 
 struct TimedCase {

@@ -96,12 +96,7 @@ class CudaCore final : public RunnerCore {
                                .static_scale = static_ ? w.device_input_scales : nullptr},
                               stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
-    const cuda_gemm::GemmChoice choice{.kernel = c.kernel == CudaGemmKernel::decode
-                                                     ? cuda_gemm::GemmKernel::decode
-                                                     : cuda_gemm::GemmKernel::prefill,
-                                       .token_tile = c.token_tile,
-                                       .gemm1_slices = c.gemm1_slices,
-                                       .gemm2_slices = c.gemm2_slices};
+    const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(c);
     const int activation_block_cols =
         per_group(p_.quant) ? static_cast<int>(p_.quant.activation_group) : 0;
     // Static activation scales: GEMM1's is device_input_scales[0], GEMM2's [1].

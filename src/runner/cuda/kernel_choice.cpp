@@ -2,16 +2,23 @@
 
 #include <fmt/format.h>
 
-#include "runner/cuda/gemm/expert_gemm.hpp"
-
 namespace moekit::cuda {
 namespace {
 
+CudaGemmKernel from_gemm(cuda_gemm::GemmKernel kernel) {
+  switch (kernel) {
+    case cuda_gemm::GemmKernel::decode:
+      return CudaGemmKernel::decode;
+    case cuda_gemm::GemmKernel::prefill:
+      return CudaGemmKernel::prefill;
+    case cuda_gemm::GemmKernel::wgmma:
+      return CudaGemmKernel::wgmma;
+  }
+  return CudaGemmKernel::decode;
+}
+
 CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
-  return {
-      up_to,
-      c.kernel == cuda_gemm::GemmKernel::decode ? CudaGemmKernel::decode : CudaGemmKernel::prefill,
-      c.token_tile, c.gemm1_slices, c.gemm2_slices};
+  return {up_to, from_gemm(c.kernel), c.token_tile, c.gemm1_slices, c.gemm2_slices};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
@@ -22,14 +29,15 @@ bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
 // intermediate I, each token bringing `columns` rows.
 std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int64_t I,
-                                 int64_t max_tokens, int sm_count) {
+                                 int64_t max_tokens, int sm_count, int compute_capability) {
   std::vector<CudaGemmChoice> out;
   cuda_gemm::GemmProblem problem{.dtype = plan.quant.weight_dtype,
                                  .rows = 0,
                                  .num_experts = experts,
                                  .hidden = static_cast<int>(plan.spec.hidden),
                                  .intermediate = static_cast<int>(I),
-                                 .sm_count = sm_count};
+                                 .sm_count = sm_count,
+                                 .compute_capability = compute_capability};
   for (int64_t T = 1; T <= max_tokens; ++T) {
     problem.rows = T * columns;
     const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T);
@@ -47,7 +55,7 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
   int64_t from = 1;
   for (const CudaGemmChoice& c : runs) {
     text += fmt::format("{}T {}-{}: {} tile {}", text.empty() ? "" : "; ", from, c.up_to_tokens,
-                        c.kernel == CudaGemmKernel::decode ? "decode" : "prefill", c.token_tile);
+                        cuda_gemm_kernel_name(c.kernel), c.token_tile);
     if (c.kernel == CudaGemmKernel::decode) {
       text += fmt::format(" ({}/{} slices)", c.gemm1_slices, c.gemm2_slices);
     }
@@ -61,18 +69,40 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
 CudaKernels choose_cuda_kernels(const Plan& plan) {
   CudaKernels k;
   k.device_index = plan.options.device.index;
+  int compute_capability = 0;
   for (const GpuInfo& gpu : plan.platform.gpus) {
-    if (gpu.index == k.device_index) k.sm_count = gpu.sm_count;
+    if (gpu.index == k.device_index) {
+      k.sm_count = gpu.sm_count;
+      compute_capability = gpu.compute_major * 10 + gpu.compute_minor;
+    }
   }
   const ModelSpec& spec = plan.spec;
   k.routed =
       runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
-           spec.intermediate, plan.max_received_tokens, k.sm_count);
+           spec.intermediate, plan.max_received_tokens, k.sm_count, compute_capability);
   if (plan.adds_shared_output) {
     k.shared = runs(plan, spec.n_shared, spec.n_shared, spec.shared_intermediate,
-                    plan.options.max_tokens, k.sm_count);
+                    plan.options.max_tokens, k.sm_count, compute_capability);
   }
   return k;
+}
+
+cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
+  cuda_gemm::GemmKernel kernel = cuda_gemm::GemmKernel::decode;
+  switch (c.kernel) {
+    case CudaGemmKernel::decode:
+      break;
+    case CudaGemmKernel::prefill:
+      kernel = cuda_gemm::GemmKernel::prefill;
+      break;
+    case CudaGemmKernel::wgmma:
+      kernel = cuda_gemm::GemmKernel::wgmma;
+      break;
+  }
+  return {.kernel = kernel,
+          .token_tile = c.token_tile,
+          .gemm1_slices = c.gemm1_slices,
+          .gemm2_slices = c.gemm2_slices};
 }
 
 std::string describe(const CudaKernels& k) {

@@ -3,6 +3,7 @@
 // moekit/plan.hpp). resolve() calls it once; the cuda core reads the plan.
 
 #include "moekit/plan.hpp"
+#include "runner/cuda/gemm/expert_gemm.hpp"
 
 namespace moekit::cuda {
 
@@ -12,5 +13,7 @@ namespace moekit::cuda {
 // answer are one run.
 CudaKernels choose_cuda_kernels(const Plan& plan);
 std::string describe(const CudaKernels& kernels);
+// The plan's record of a choice, as the GEMM launches take it.
+cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& choice);
 
 }  // namespace moekit::cuda

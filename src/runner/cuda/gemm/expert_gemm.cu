@@ -35,6 +35,8 @@ constexpr int64_t kDecodeMaxRowsFp8 = 4;
 //   warps of 64 x 32 only, slower at every batch measured (DeepSeek-V3 T = 4096: 18.3 against
 //   12.8 ms; Qwen3 T = 4096: 1.97 against 1.42).
 constexpr int64_t kPrefill128MinRows = 96;
+// - wgmma (Hopper): first thresholds, the same as prefill's; measured in bench/cuda/NOTES.md.
+constexpr int64_t kWgmma128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -121,35 +123,42 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
   const bool vec = static_cast<int64_t>(s.k) * bytes % 16 == 0 && aligned16(p.a) &&
                    aligned16(p.w) && aligned16(p.out);
   const detail::Variant v{s.gated, vec, per_block};
-  if (choice.kernel == GemmKernel::prefill) {
-    if (choice.token_tile != detail::Prefill64::kRows &&
-        choice.token_tile != detail::Prefill128::kRows) {
-      bad(std::string(s.who) + ".choice: prefill takes token_tile 64 or 128, not " +
+  if (choice.kernel != GemmKernel::decode) {
+    const bool hopper = choice.kernel == GemmKernel::wgmma;
+    if (choice.token_tile != 64 && choice.token_tile != 128) {
+      bad(std::string(s.who) + ".choice: " + choice.str() + " takes token_tile 64 or 128, not " +
           std::to_string(choice.token_tile));
     }
     if (!vec || s.n % 2 != 0) {
-      bad(std::string(s.who) +
-          ": prefill needs 16-byte aligned rows and pointers and an even N (K = " +
-          std::to_string(s.k) + ", N = " + std::to_string(s.n) +
-          "); choose_gemm picks decode for such shapes");
+      bad(std::string(s.who) + ": " + choice.str() +
+          " needs 16-byte aligned rows and pointers and an even N (K = " + std::to_string(s.k) +
+          ", N = " + std::to_string(s.n) + "); choose_gemm picks decode for such shapes");
     }
-    const int64_t items =
-        detail::max_tiles(rows, p.num_experts, choice.token_tile) *
-        ceil_div(s.n, s.gated ? detail::Prefill64::kCols / 2 : detail::Prefill64::kCols);
+    const int cols =
+        hopper ? detail::wgmma_cols(per_block, choice.token_tile) : detail::Prefill64::kCols;
+    const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
+                          ceil_div(s.n, s.gated ? cols / 2 : cols);
     if (items > kMaxGridX) {
       bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
           " CTAs, more than one launch takes");
     }
     const auto grid = static_cast<unsigned>(items);
+    const auto run = [&]<Elem kElem>() {
+      if (hopper) {
+        detail::launch_wgmma<kElem>(p, v, choice.token_tile, grid, stream);
+      } else {
+        detail::launch_prefill<kElem>(p, v, choice.token_tile, grid, stream);
+      }
+    };
     switch (s.elem) {
       case Elem::bf16:
-        detail::launch_prefill<Elem::bf16>(p, v, choice.token_tile, grid, stream);
+        run.template operator()<Elem::bf16>();
         break;
       case Elem::f16:
-        detail::launch_prefill<Elem::f16>(p, v, choice.token_tile, grid, stream);
+        run.template operator()<Elem::f16>();
         break;
       case Elem::e4m3:
-        detail::launch_prefill<Elem::e4m3>(p, v, choice.token_tile, grid, stream);
+        run.template operator()<Elem::e4m3>();
         break;
     }
   } else {
@@ -207,6 +216,7 @@ void check_common(const char* who, const void* a, const void* w, const void* out
 
 std::string GemmChoice::str() const {
   if (kernel == GemmKernel::prefill) return "prefill/" + std::to_string(token_tile);
+  if (kernel == GemmKernel::wgmma) return "wgmma/" + std::to_string(token_tile);
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
          std::to_string(gemm2_slices);
 }
@@ -224,6 +234,9 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       ceil_div(problem.intermediate, detail::Prefill64::kCols / 2) *
       detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
+  if (!decode && problem.compute_capability == 90) {
+    return {GemmKernel::wgmma, per_expert >= kWgmma128MinRows ? 128 : 64, 1, 1};
+  }
   if (!decode) {
     const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows
                                                               : detail::Prefill64::kRows;

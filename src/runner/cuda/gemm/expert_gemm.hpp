@@ -31,12 +31,15 @@ namespace moekit::cuda_gemm {
 
 // decode: many CTAs per expert, each streaming 32 weight rows over all of K once for a tile of
 // up to 8 rows; made for a few rows per expert.
-// prefill: tensor-core tiles of 64 rows x 128 weight rows with a cp.async pipeline.
-enum class GemmKernel : uint8_t { decode, prefill };
+// prefill: tensor-core tiles of 64 or 128 rows x 128 weight rows with a cp.async pipeline and
+// mma.sync, on every GPU from sm_80.
+// wgmma: the same pipeline feeding Hopper's warpgroup MMA (sm_90a; 64 or 128 rows x 128 or 256
+// weight rows), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0 only.
+enum class GemmKernel : uint8_t { decode, prefill, wgmma };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::decode;
-  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill 64 or 128
+  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill and wgmma 64 or 128
   // decode: slices of 32 weight rows each CTA takes in turn (1 to 4), for GEMM1 and GEMM2.
   int gemm1_slices = 1;
   int gemm2_slices = 1;
@@ -52,6 +55,7 @@ struct GemmProblem {
   int hidden = 0;
   int intermediate = 0;
   int sm_count = 132;
+  int compute_capability = 0;  // major * 10 + minor; 90 (Hopper) takes the wgmma kernel
 };
 
 // The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
@@ -61,6 +65,8 @@ struct GemmProblem {
 // - bf16/f16: prefill, unless its GEMM1 grid would give fewer CTAs than the device has SMs
 //   (tiny layers at T = 1): then decode, one slice per CTA.
 // - prefill's token tile: for bf16/f16 128 rows from about 96 rows per hit expert, else 64.
+// - compute capability 9.0: wgmma wherever prefill would run, and for e4m3 from more than 4 rows
+//   per hit expert; tiles of 128 rows from about 96 rows per hit expert, else 64.
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
