@@ -35,7 +35,11 @@ constexpr int64_t kDecodeMaxRowsFp8 = 4;
 //   warps of 64 x 32 only, slower at every batch measured (DeepSeek-V3 T = 4096: 18.3 against
 //   12.8 ms; Qwen3 T = 4096: 1.97 against 1.42).
 constexpr int64_t kPrefill128MinRows = 96;
-// - wgmma (Hopper): first thresholds, the same as prefill's; measured in bench/cuda/NOTES.md.
+// - wgmma (Hopper, bench/cuda/NOTES.md v5): wherever prefill would run, it is faster or level
+//   (DeepSeek-V3 bf16 T = 1: 180 against 187 us; T = 4096: 8.9 against 12.8 ms; fp8-block
+//   T = 4096: 7.3 against 13.1 ms; Qwen3-30B-A3B bf16 T = 64: 311 against 307 us, T = 512: 339
+//   against 354). Tiles of 128 rows from about 96 rows per hit expert (DeepSeek-V3 bf16 T = 4096,
+//   128 rows per expert: 8.9 against 10.0 ms with 64), 64 below (T = 64: 4.6 against 5.1 ms).
 constexpr int64_t kWgmma128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -134,8 +138,8 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           " needs 16-byte aligned rows and pointers and an even N (K = " + std::to_string(s.k) +
           ", N = " + std::to_string(s.n) + "); choose_gemm picks decode for such shapes");
     }
-    const int cols =
-        hopper ? detail::wgmma_cols(per_block, choice.token_tile) : detail::Prefill64::kCols;
+    const int cols = hopper ? detail::wgmma_cols(s.elem == Elem::e4m3, choice.token_tile)
+                            : detail::Prefill64::kCols;
     const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
                           ceil_div(s.n, s.gated ? cols / 2 : cols);
     if (items > kMaxGridX) {

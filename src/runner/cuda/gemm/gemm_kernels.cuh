@@ -82,7 +82,7 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
 
 // The Hopper kernel (wgmma_gemm.cuh), built for sm_90a alone in gemm_wgmma_sm90a.cu: the weight
 // rows of one CTA for a token tile (64 or 128), and the launch.
-int wgmma_cols(bool per_block, int token_tile);
+int wgmma_cols(bool e4m3, int token_tile);
 template <Elem kElem>
 void launch_wgmma(const Params& p, const Variant& v, int token_tile, unsigned grid,
                   cudaStream_t stream);

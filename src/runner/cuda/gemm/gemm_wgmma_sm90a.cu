@@ -26,7 +26,7 @@ template <Elem kElem, bool kGated, bool kPerBlock>
 void launch_variant(const Params& p, int token_tile, unsigned grid, cudaStream_t stream) {
   if (token_tile == Wgmma64x256::kRows) {
     launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, grid, stream);
-  } else if constexpr (kPerBlock) {
+  } else if constexpr (kElem == Elem::e4m3) {
     launch_shape<Wgmma128x128, kElem, kGated, kPerBlock>(p, grid, stream);
   } else {
     launch_shape<Wgmma128x256, kElem, kGated, kPerBlock>(p, grid, stream);
@@ -35,9 +35,9 @@ void launch_variant(const Params& p, int token_tile, unsigned grid, cudaStream_t
 
 }  // namespace
 
-int wgmma_cols(bool per_block, int token_tile) {
+int wgmma_cols(bool e4m3, int token_tile) {
   if (token_tile == Wgmma64x256::kRows) return Wgmma64x256::kCols;
-  return per_block ? Wgmma128x128::kCols : Wgmma128x256::kCols;
+  return e4m3 ? Wgmma128x128::kCols : Wgmma128x256::kCols;
 }
 
 template <Elem kElem>
