@@ -149,7 +149,7 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
     const auto grid = static_cast<unsigned>(items);
     const auto run = [&]<Elem kElem>() {
       if (hopper) {
-        detail::launch_wgmma<kElem>(p, v, choice.token_tile, grid, stream);
+        detail::launch_wgmma<kElem>(p, v, choice.token_tile, rows, grid, stream);
       } else {
         detail::launch_prefill<kElem>(p, v, choice.token_tile, grid, stream);
       }

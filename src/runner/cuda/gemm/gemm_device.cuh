@@ -58,6 +58,10 @@ struct Params {
   Activation activation;
 };
 
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                             uint32_t b1, bool bf16) {
   if (bf16) {

@@ -81,16 +81,17 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
 }
 
 // The Hopper kernel (wgmma_gemm.cuh), built for sm_90a alone in gemm_wgmma_sm90a.cu: the weight
-// rows of one CTA for a token tile (64 or 128), and the launch.
+// rows of one CTA for a token tile (64 or 128), and the launch (`rows`: the rows the GEMM
+// input buffer holds, which its tensor map spans).
 int wgmma_cols(bool e4m3, int token_tile);
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, int token_tile, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, int token_tile, int64_t rows, unsigned grid,
                   cudaStream_t stream);
-extern template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, unsigned,
+extern template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, int64_t, unsigned,
                                               cudaStream_t);
-extern template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, unsigned,
+extern template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, int64_t, unsigned,
                                              cudaStream_t);
-extern template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, unsigned,
+extern template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, int64_t, unsigned,
                                               cudaStream_t);
 
 extern template void launch_decode<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);

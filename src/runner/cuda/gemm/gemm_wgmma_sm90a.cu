@@ -2,6 +2,11 @@
 // arch-specific target that wgmma needs, src/CMakeLists.txt); choose_gemm picks the kernel only
 // on a GPU of compute capability 9.0.
 
+#include <cudaTypedefs.h>
+
+#include <stdexcept>
+#include <string>
+
 #include "runner/cuda/gemm/gemm_kernels.cuh"
 #include "runner/cuda/gemm/wgmma_gemm.cuh"
 
@@ -12,24 +17,72 @@
 namespace moekit::cuda_gemm::detail {
 namespace {
 
+// cuTensorMapEncodeTiled from the driver, through the runtime: the binary links no libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
+
+// A [rows, row_bytes] byte matrix read in boxes of 128 bytes x box_rows, swizzled as wgmma
+// reads it; boxes past the matrix are filled with zeros.
+CUtensorMap byte_matrix_map(const void* base, int64_t rows, int64_t row_bytes, int box_rows,
+                            const char* what) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    throw std::runtime_error(std::string("wgmma: the driver has no cuTensorMapEncodeTiled (") +
+                             what + ")");
+  }
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kWgmmaStepBytes),
+                             static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    throw std::runtime_error(std::string("wgmma: cuTensorMapEncodeTiled refused the ") + what +
+                             " (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
+                             " bytes): CUresult " + std::to_string(static_cast<int>(r)));
+  }
+  return map;
+}
+
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
-void launch_shape(const Params& p, unsigned grid, cudaStream_t stream) {
+void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t stream) {
   const auto kernel = wgmma_kernel<S, kElem, kGated, kPerBlock>;
   // Set once per variant: the attribute outlives the call and is no stream operation.
   static const cudaError_t attribute =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
   (void)attribute;
-  cuda_launch::launch(kernel, dim3(grid), S::kThreads, S::kSmemBytes, stream, p);
+  const int64_t row_bytes = int64_t{p.k} * kElemBytes<kElem>;
+  const int64_t weight_rows = int64_t{p.num_experts} * (kGated ? 2 : 1) * p.n;
+  const WgmmaArgs args{
+      .a_map = byte_matrix_map(p.a, rows, row_bytes, S::kRows, "GEMM input rows"),
+      .w_map = byte_matrix_map(p.w, weight_rows, row_bytes, S::box_rows(kGated), "weights"),
+      .p = p};
+  cuda_launch::launch(kernel, dim3(grid), S::kThreads, S::kSmemBytes, stream, args);
 }
 
 template <Elem kElem, bool kGated, bool kPerBlock>
-void launch_variant(const Params& p, int token_tile, unsigned grid, cudaStream_t stream) {
+void launch_variant(const Params& p, int token_tile, int64_t rows, unsigned grid,
+                    cudaStream_t stream) {
   if (token_tile == Wgmma64x256::kRows) {
-    launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, grid, stream);
+    launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if constexpr (kElem == Elem::e4m3) {
-    launch_shape<Wgmma128x128, kElem, kGated, kPerBlock>(p, grid, stream);
+    launch_shape<Wgmma128x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else {
-    launch_shape<Wgmma128x256, kElem, kGated, kPerBlock>(p, grid, stream);
+    launch_shape<Wgmma128x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   }
 }
 
@@ -41,21 +94,24 @@ int wgmma_cols(bool e4m3, int token_tile) {
 }
 
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, int token_tile, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, int token_tile, int64_t rows, unsigned grid,
                   cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (v.per_block) {
-      v.gated ? launch_variant<kElem, true, true>(p, token_tile, grid, stream)
-              : launch_variant<kElem, false, true>(p, token_tile, grid, stream);
+      v.gated ? launch_variant<kElem, true, true>(p, token_tile, rows, grid, stream)
+              : launch_variant<kElem, false, true>(p, token_tile, rows, grid, stream);
       return;
     }
   }
-  v.gated ? launch_variant<kElem, true, false>(p, token_tile, grid, stream)
-          : launch_variant<kElem, false, false>(p, token_tile, grid, stream);
+  v.gated ? launch_variant<kElem, true, false>(p, token_tile, rows, grid, stream)
+          : launch_variant<kElem, false, false>(p, token_tile, rows, grid, stream);
 }
 
-template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, unsigned, cudaStream_t);
-template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, unsigned, cudaStream_t);
-template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, unsigned, cudaStream_t);
+template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, int64_t, unsigned,
+                                       cudaStream_t);
+template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, int64_t, unsigned,
+                                      cudaStream_t);
+template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, int64_t, unsigned,
+                                       cudaStream_t);
 
 }  // namespace moekit::cuda_gemm::detail

@@ -35,10 +35,6 @@ using Prefill128 = PrefillShape<128, 128, 2, 2, 3, 2>;
 // registers for warps of 64 x 32 only, 8 of them.
 using Prefill128Block = PrefillShape<128, 128, 2, 4, 3, 1>;
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));

@@ -1,40 +1,53 @@
 #pragma once
-// The Hopper kernel (sm_90a): the prefill kernel's tiles, pipeline and tile search, with the
-// multiplies on warpgroup MMA (wgmma) instead of mma.sync. wgmma reads both operands straight
-// from the shared memory the cp.async pipeline fills (the 128-byte XOR swizzle of
-// prefill_gemm.cuh is the layout wgmma's 128-byte swizzle mode reads), so no ldmatrix and no
-// fragments in registers, and e4m3 runs on the fp8 tensor cores at twice the 16-bit rate, which
-// mma.sync cannot reach on sm_90.
+// The Hopper kernel (sm_90a): warpgroup MMA (wgmma) fed by the tensor memory accelerator (TMA).
+// A producer warp copies each K step's tiles of rows and weights into shared memory with bulk
+// tensor copies (128-byte swizzle, the layout wgmma's 128-byte swizzle mode reads), signalling an
+// mbarrier per stage; two consumer warpgroups multiply from shared memory with wgmma and hand
+// each stage back through a second mbarrier. No CTA-wide barrier in the K loop, every stage in
+// flight, no loads issued by the threads that multiply, and e4m3 on the fp8 tensor cores at
+// twice the 16-bit rate, which mma.sync cannot reach on sm_90.
 //
-// A CTA is two warpgroups over kRows token rows x kCols weight rows. With 128 rows each
-// warpgroup takes 64 rows and all kCols; with 64 rows both take the same rows and half of the
-// columns each. For GEMM1 each warpgroup's weight rows in shared memory are its gate rows
-// followed by the up rows of the same columns, so gate and up of an output meet in one thread.
-// K runs in steps of 128 bytes (a scale block for e4m3): four wgmma per step.
+// A CTA is kRows token rows x kCols weight rows. With 128 rows each consumer warpgroup takes 64
+// rows and all kCols; with 64 rows both take the same rows and half of the columns each. For
+// GEMM1 each warpgroup's weight rows in shared memory are its gate rows followed by the up rows
+// of the same columns, so gate and up of an output meet in one thread. K runs in steps of 128
+// bytes (a scale block for e4m3): four wgmma per step. Rows of the A box past the tile's end
+// belong to the next expert (or lie past the buffer, which TMA fills with zeros): they are
+// multiplied like the others and never stored, and each output row reads only its own input row.
 //
 // e4m3 sums are promoted: Hopper's fp8 tensor cores add in less than f32 precision (measured
 // here: 2e-4 relative error on a K of 384 without promotion, against 1e-7 for mma.sync on f16),
 // so each K step's four wgmma sum into registers of their own, which are then added to the f32
 // accumulators (with the K block's scales for fp8-block), as DeepSeek-V3's kernels do.
 
-#include "runner/cuda/gemm/prefill_gemm.cuh"
+#include <cuda.h>
+
+#include "runner/cuda/gemm/gemm_device.cuh"
 #include "runner/cuda/gemm/wgmma_ops.cuh"
 
 namespace moekit::cuda_gemm::detail {
 
+inline constexpr int kWgmmaStepBytes = 128;
+
 template <int kRows_, int kCols_, int kStages_>
 struct WgmmaShape {
   static constexpr int kRows = kRows_, kCols = kCols_, kStages = kStages_;
-  static constexpr int kThreads = 256;
+  // Two consumer warpgroups (warps 0-7, as wgmma wants warpgroups aligned to 4 warps), then the
+  // producer warp. 288 threads leave each up to 224 registers without setmaxnreg.
+  static constexpr int kConsumers = 256;
+  static constexpr int kThreads = kConsumers + 32;
   static constexpr int kGroupsM = kRows / 64;              // warpgroups along the rows
   static constexpr int kGroupCols = kCols * kGroupsM / 2;  // the n of each warpgroup's wgmma
-  static constexpr int kStageBytes = (kRows + kCols) * kPrefillStepBytes;
+  static constexpr int kStageA = kRows * kWgmmaStepBytes, kStageB = kCols * kWgmmaStepBytes;
+  static constexpr int kStageBytes = kStageA + kStageB;
   // One more KB to align the stages to the swizzle's 1024-byte pattern.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  // Weight rows per TMA box: for GEMM1 a warpgroup's gate rows, then its up rows, one box each.
+  __host__ __device__ static constexpr int box_rows(bool gated) {
+    return gated ? kGroupCols / 2 : kGroupCols;
+  }
   static_assert(kGroupsM == 1 || kGroupsM == 2);
   static_assert(kGroupCols == 128 || kGroupCols == 256);
-  // A prefetch distance of kStages - 2: one stage is being multiplied, one is drained.
-  static_assert(kStages >= 3);
 };
 // 16-bit: warpgroups of 64 x 256 (128 accumulators a thread).
 using Wgmma128x256 = WgmmaShape<128, 256, 4>;
@@ -42,6 +55,16 @@ using Wgmma128x256 = WgmmaShape<128, 256, 4>;
 using Wgmma128x128 = WgmmaShape<128, 128, 6>;
 // Fewer rows per expert: both warpgroups on 64 rows, 128 weight rows each.
 using Wgmma64x256 = WgmmaShape<64, 256, 5>;
+
+// What the kernel takes: the tensor maps of the GEMM input rows [rows, K] and of the weights
+// [E * parts * N, K], both as bytes, boxes of 128 bytes x (kRows, box_rows) with the 128-byte
+// swizzle, then the common parameters. Passed as a __grid_constant__: TMA reads the maps from
+// the kernel's parameter space.
+struct WgmmaArgs {
+  CUtensorMap a_map;
+  CUtensorMap w_map;
+  Params p;
+};
 
 template <Elem kElem, int kN>
 __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -54,62 +77,74 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
 }
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
-__global__ void __launch_bounds__(S::kThreads, 1) wgmma_kernel(const Params p) {
-  cuda_launch::wait_for_inputs();
+__global__ void __launch_bounds__(S::kThreads, 1)
+    wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
+  const Params& p = args.p;
   constexpr int kBytes = kElemBytes<kElem>;
   constexpr bool kFp8 = kElem == Elem::e4m3;
   constexpr int kN = S::kGroupCols, kAcc = kN / 2, kHalf = kN / 2;
   constexpr int kTileCols = kGated ? S::kCols / 2 : S::kCols;  // output columns per CTA
+  constexpr int kBoxRows = S::box_rows(kGated);
   static_assert(!kFp8 || kN == 128, "e4m3 promotes a 128-column scale block per step");
   extern __shared__ uint4 smem[];
   __shared__ int scratch[S::kThreads / 32 + 4];
+  __shared__ uint64_t full[S::kStages], empty[S::kStages];
 
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbarrier_init(smem_address(&full[s]), 1);
+      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+    }
+    fence_mbarrier_init();
+  }
+  cuda_launch::wait_for_inputs();
   const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
+  // Its block barriers also publish the mbarriers' initialisation.
   const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
                                            S::kRows, col_tiles, scratch);
   if (tile.expert < 0) return;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int group = tid / 128, lane = tid & 31, warp_in_group = (tid & 127) >> 5;
-  const int gm = group % S::kGroupsM, gn = group / S::kGroupsM;
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
-  const int steps = static_cast<int>((row_bytes + kPrefillStepBytes - 1) / kPrefillStepBytes);
+  const int steps = static_cast<int>((row_bytes + kWgmmaStepBytes - 1) / kWgmmaStepBytes);
   const int n0 = tile.col * kTileCols;
+  const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
+  const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
+
+  if (tid >= S::kConsumers) {
+    // The producer: one thread issues every copy.
+    if (tid != S::kConsumers) return;
+    const int expert_row0 = tile.expert * (kGated ? 2 : 1) * p.n;
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step % S::kStages;
+      if (step >= S::kStages) {
+        mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
+      }
+      const uint32_t bar = smem_address(&full[stage]);
+      mbarrier_expect_tx(bar, S::kStageBytes);
+      const int k_byte = step * kWgmmaStepBytes;
+      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, k_byte, tile.row0, bar);
+#pragma unroll
+      for (int b = 0; b < S::kCols / kBoxRows; ++b) {
+        int row = n0 + b * kBoxRows;
+        if constexpr (kGated) {
+          // Box b holds the gate or the up rows of warpgroup column block b / 2.
+          const int col = n0 + (b / 2) * kHalf;
+          row = b % 2 == 0 ? col : p.n + col;
+        }
+        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kWgmmaStepBytes, &args.w_map,
+                    k_byte, expert_row0 + row, bar);
+      }
+    }
+    return;
+  }
+
+  const int group = tid / 128, lane = tid & 31, warp = tid >> 5, warp_in_group = warp & 3;
+  const int gm = group % S::kGroupsM, gn = group / S::kGroupsM;
   // The first output column of this warpgroup.
   const int group_col0 = n0 + gn * (kGated ? kHalf : kN);
-  const uint8_t* expert_w =
-      p.w + static_cast<int64_t>(tile.expert) * (kGated ? 2 : 1) * p.n * row_bytes;
-  // A warpgroup whose rows all lie past a short tile's end leaves the tensor cores to the other.
+  // A warpgroup whose rows all lie past a short tile's end leaves the tensor cores to the other
+  // (it still takes each stage in turn, to hand it back).
   const bool group_live = gm * 64 < tile.rows;
-
-  constexpr int kStageA = S::kRows * kPrefillStepBytes, kStageB = S::kCols * kPrefillStepBytes;
-  const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
-  const uint32_t b_smem = a_smem + S::kStages * kStageA;
-
-  // Each thread copies piece `piece` of rows r0 + 32 j.
-  constexpr int kRowStep = S::kThreads / 8;
-  const int piece = tid & 7, r0 = tid >> 3;
-  const auto load_step = [&](int step, int stage) {
-    const int64_t byte = static_cast<int64_t>(step) * kPrefillStepBytes + piece * 16;
-    const bool in_k = byte < row_bytes;
-#pragma unroll
-    for (int j = 0; j < S::kRows / kRowStep; ++j) {
-      const int r = r0 + kRowStep * j;
-      const bool valid = in_k && r < tile.rows;
-      const uint8_t* src = p.a + (valid ? (tile.row0 + r) * row_bytes + byte : 0);
-      cp_async16(a_smem + stage * kStageA + swizzled(r, piece), src, valid);
-    }
-#pragma unroll
-    for (int j = 0; j < S::kCols / kRowStep; ++j) {
-      const int r = r0 + kRowStep * j;
-      // Shared row r belongs to warpgroup column block r / kN: gate rows, then up rows.
-      const int i = r % kN;
-      const int col = kGated ? n0 + (r / kN) * kHalf + i % kHalf : n0 + r;
-      const bool valid = in_k && col < p.n;
-      const int row = kGated && i >= kHalf ? p.n + col : col;
-      const uint8_t* src = expert_w + (valid ? row * row_bytes + byte : 0);
-      cp_async16(b_smem + stage * kStageB + swizzled(r, piece), src, valid);
-    }
-  };
 
   float acc[kAcc], part[kFp8 ? kAcc : 1];
 #pragma unroll
@@ -136,77 +171,71 @@ __global__ void __launch_bounds__(S::kThreads, 1) wgmma_kernel(const Params p) {
     ws_second =
         kGated ? weight_scale_base(p, 2, tile.expert, 1, min(group_col0, p.n - 1)) : ws_first;
   }
-
-#pragma unroll
-  for (int s = 0; s < S::kStages - 2; ++s) {
-    if (s < steps) load_step(s, s);
-    asm volatile("cp.async.commit_group;\n" ::);
+  // Hands a stage back to the producer once this warp's wgmma reading it are complete.
+  const auto release = [&](int stage) {
+    if (lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
+  };
+  if (!group_live) {
+    // (A branch inside the K loop instead makes ptxas serialise the wgmma: C7515.)
+    for (int step = 0; step < steps; ++step) {
+      mbarrier_wait(smem_address(&full[step % S::kStages]), (step / S::kStages) & 1);
+      release(step % S::kStages);
+    }
+    return;
   }
 
   for (int step = 0; step < steps; ++step) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S::kStages - 3));
-    fence_proxy_async();
-    // After this barrier every warpgroup has finished the wgmma of step - 2 (each waits for all
-    // but its last group below), so that stage can be refilled.
-    __syncthreads();
-    const int next = step + S::kStages - 2;
-    if (next < steps) load_step(next, next % S::kStages);
-    asm volatile("cp.async.commit_group;\n" ::);
-
     const int stage = step % S::kStages;
-    // fp8-block: this K block's scales, loaded before waiting on the wgmma.
+    // fp8-block: this K block's scales, loaded before waiting for the stage.
     float w_first = 0.0f, w_second = 0.0f, as[2] = {};
     if constexpr (kPerBlock) {
       w_first = __ldg(p.w_scale + ws_first + step * p.ws_kb_step);
       w_second = __ldg(p.w_scale + ws_second + step * p.ws_kb_step);
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
         as[h] = row_valid[h] ? activation_scale(p, as_row[h], step) : 0.0f;
+      }
     }
-    if (group_live) {
-      const uint64_t a_desc =
-          smem_desc_sw128(a_smem + stage * kStageA + gm * 64 * kPrefillStepBytes);
-      const uint64_t b_desc =
-          smem_desc_sw128(b_smem + stage * kStageB + gn * kN * kPrefillStepBytes);
-      // e4m3 sums each K step apart, to promote it.
-      const auto issue = [&](float(&sum)[kAcc]) {
-        wgmma_fence();
-        fence_registers(sum);
+    mbarrier_wait(smem_address(&full[stage]), (step / S::kStages) & 1);
+    const uint64_t a_desc =
+        smem_desc_sw128(a_smem + stage * S::kStageA + gm * 64 * kWgmmaStepBytes);
+    const uint64_t b_desc =
+        smem_desc_sw128(b_smem + stage * S::kStageB + gn * kN * kWgmmaStepBytes);
+    // e4m3 sums each K step apart, to promote it.
+    const auto issue = [&](float(&sum)[kAcc]) {
+      wgmma_fence();
+      fence_registers(sum);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wgmma<kElem, kN>(sum, a_desc + 2 * k, b_desc + 2 * k, kFp8 && k == 0 ? 0 : 1);
-        }
-      };
-      if constexpr (kFp8) {
-        issue(part);
-      } else {
-        issue(acc);
+      for (int k = 0; k < 4; ++k) {
+        wgmma<kElem, kN>(sum, a_desc + 2 * k, b_desc + 2 * k, kFp8 && k == 0 ? 0 : 1);
       }
       wgmma_commit();
-      if constexpr (kPerBlock) {
-        // The K block's partial sums, promoted with its scales (DeepSeek-V3's accumulation).
-        wgmma_wait<0>();
-        fence_registers(part);
+    };
+    if constexpr (kFp8) {
+      issue(part);
+      wgmma_wait<0>();
+      fence_registers(part);
+      release(stage);
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) {
+      for (int i = 0; i < kAcc; ++i) {
+        if constexpr (kPerBlock) {
+          // The K block's partial sums, promoted with its scales (DeepSeek-V3's accumulation).
           const int chunk = i / 4, h = (i / 2) % 2;
           const float w = kGated && chunk >= kN / 16 ? w_second : w_first;
           acc[i] += part[i] * (as[h] * w);
+        } else {
+          acc[i] += part[i];
         }
-      } else if constexpr (kFp8) {
-        wgmma_wait<0>();
-        fence_registers(part);
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[i] += part[i];
-      } else {
-        wgmma_wait<1>();
-        fence_registers(acc);
       }
+    } else {
+      issue(acc);
+      // One group stays in flight: the previous step's is complete, so its stage goes back.
+      wgmma_wait<1>();
+      if (step > 0) release((step - 1) % S::kStages);
     }
   }
   wgmma_wait<0>();
   fence_registers(acc);
-  asm volatile("cp.async.wait_group 0;\n" ::);
 
   // Per-matrix or per-channel fp8 scales, applied once.
   const auto tensor_scale = [&](int part_index, int col, int64_t row) {
@@ -216,7 +245,6 @@ __global__ void __launch_bounds__(S::kThreads, 1) wgmma_kernel(const Params p) {
     }
     return 1.0f;
   };
-  if (!group_live) return;
   const int q = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

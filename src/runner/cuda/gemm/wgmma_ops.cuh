@@ -1,7 +1,7 @@
 #pragma once
 // Hopper's warpgroup MMA (wgmma, sm_90a) and what it needs: shared-memory matrix descriptors for
-// the 128-byte swizzle that the prefill kernels' cp.async pipeline already writes, the fences,
-// and one wrapper per instruction shape the Hopper kernel issues. Each wrapper is one
+// the 128-byte swizzle that TMA writes, mbarriers, TMA copies, the fences, and one wrapper per
+// instruction shape the Hopper kernel issues. Each wrapper is one
 // `wgmma.mma_async` with its accumulators listed as registers: PTX has no array operands.
 
 #include <cstdint>
@@ -17,11 +17,6 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t address) {
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
-// Shared memory written by cp.async (the generic proxy) is read by wgmma (the async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -33,6 +28,48 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// mbarriers (shared memory, CTA scope): a stage's "full" barrier counts the producer's arrival
+// and the bytes its copies bring; its "empty" barrier the consumer warps handing it back.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the initialisations visible to the copy engine; a block barrier then to the threads.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// A TMA copy of the box at (x, y) of a 2-D tensor map into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
 }
 
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma fence or wait:
