@@ -412,6 +412,13 @@ std::string built_formats() {
 // Which runners could take this deployment, each with its reason.
 Capability runner_capability(RunnerKind kind, const Deployment& deployment) {
   const CoreEntry* core = find_core(kind);
+  if (core == nullptr && kind == RunnerKind::hopper) {
+    // docs/CUDA.md "Hopper": one runner, its GEMM kernel chosen by the device, not two runners.
+    return Capability::No(
+        "the hopper runner is not built as a runner of its own: Hopper's kernels (wgmma fed by "
+        "TMA) run inside the cuda runner, which takes them on GPUs of compute capability 9.0 "
+        "(--runner cuda)");
+  }
   if (core == nullptr) {
     return Capability::No(
         fmt::format("the {} runner is not built in this version of moekit", runner_name(kind)));

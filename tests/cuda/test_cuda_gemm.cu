@@ -66,12 +66,16 @@ TEST(CudaGemmChoice, HopperTakesWgmmaWherePrefillWouldRun) {
   };
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 80).kernel, GemmKernel::prefill);
-  EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
-  EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).token_tile, 128);
-  EXPECT_EQ(on(DType::f8e4m3, 4096, 128, 2048, 768, 90).token_tile, 64);
-  // Decode stays where it was: e4m3 up to 4 rows per expert, rows not 16-byte aligned.
-  EXPECT_EQ(on(DType::f8e4m3, 512, 256, 7168, 2048, 90).kernel, GemmKernel::decode);
+  EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 90).token_tile, 128);
+  EXPECT_EQ(on(DType::bf16, 4096, 128, 2048, 768, 90).token_tile, 64);
+  // e4m3 takes wgmma from one row per expert on, in tiles of 64.
+  EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
+  EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 80).kernel, GemmKernel::decode);
+  EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).token_tile, 64);
+  // Decode stays where it was: a tiny layer's 16-bit GEMMs at T = 1, rows not 16-byte aligned.
+  EXPECT_EQ(on(DType::bf16, 8, 128, 2048, 768, 90).kernel, GemmKernel::decode);
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7166, 2048, 90).kernel, GemmKernel::decode);
+  EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2056, 90).kernel, GemmKernel::decode);
 }
 
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {

@@ -338,6 +338,19 @@ TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
   ASSERT_TRUE(plan.cuda_kernels.has_value());
   ASSERT_FALSE(plan.cuda_kernels->routed.empty());
   EXPECT_EQ(plan.cuda_kernels->routed.back().up_to_tokens, 4096);
+  // Hopper: e4m3 on wgmma at every batch size.
+  EXPECT_EQ(plan.cuda_kernels->routed.front().kernel, CudaGemmKernel::wgmma);
+  EXPECT_EQ(plan.cuda_kernels->routed.back().kernel, CudaGemmKernel::wgmma);
+}
+
+TEST(CudaResolve, PlansDecodeThenPrefillOnAnSm80Gpu) {
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  options.weights = QuantParams::Fp8Block(128);
+  options.max_tokens = 4096;
+  const Plan plan = resolve(ModelSpec::preset("dsv3"), options, with_gpu(8, 0));
+  ASSERT_TRUE(plan.cuda_kernels.has_value());
   EXPECT_EQ(plan.cuda_kernels->routed.front().kernel, CudaGemmKernel::decode);
   EXPECT_EQ(plan.cuda_kernels->routed.back().kernel, CudaGemmKernel::prefill);
 }

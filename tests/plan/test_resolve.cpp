@@ -42,7 +42,7 @@ TEST(Resolve, GpuRunnerOnTheCpuIsRefusedWithTheLegalAlternatives) {
 #endif
   expect_mentions(refusal(small_dsv3(), options), {"runner=cuda", why, "cpu", "reference"});
   options.runner = RunnerKind::hopper;
-  expect_mentions(refusal(small_dsv3(), options), {"runner=hopper", "not built"});
+  expect_mentions(refusal(small_dsv3(), options), {"runner=hopper", "not built", "--runner cuda"});
 }
 
 TEST(Resolve, GpuDeviceWithoutAGpuRunnerIsRefused) {

@@ -35,11 +35,14 @@ constexpr int64_t kDecodeMaxRowsFp8 = 4;
 //   warps of 64 x 32 only, slower at every batch measured (DeepSeek-V3 T = 4096: 18.3 against
 //   12.8 ms; Qwen3 T = 4096: 1.97 against 1.42).
 constexpr int64_t kPrefill128MinRows = 96;
-// - wgmma (Hopper, bench/cuda/NOTES.md v5): wherever prefill would run, it is faster or level
-//   (DeepSeek-V3 bf16 T = 1: 180 against 187 us; T = 4096: 8.9 against 12.8 ms; fp8-block
-//   T = 4096: 7.3 against 13.1 ms; Qwen3-30B-A3B bf16 T = 64: 311 against 307 us, T = 512: 339
-//   against 354). Tiles of 128 rows from about 96 rows per hit expert (DeepSeek-V3 bf16 T = 4096,
-//   128 rows per expert: 8.9 against 10.0 ms with 64), 64 below (T = 64: 4.6 against 5.1 ms).
+// - wgmma (Hopper, TMA-fed; bench/cuda/NOTES.md v5), on a GPU of compute capability 9.0:
+//   16-bit wherever prefill would run (DeepSeek-V3 bf16 T = 1 / 8 / 64: 176 / 1169 / 4444 us
+//   against prefill's 181 / 1185 / 4543; T = 4096: 7.9 against 12.5 ms), in tiles of 128 rows
+//   from about 96 rows per hit expert (T = 4096: 7.9 against 8.9 ms with 64; Qwen3-30B-A3B
+//   T = 512: 332 against 397 us with 128). e4m3 from the first row on, in tiles of 64 (its
+//   128-row shape has warpgroups of 64 x 128, slower everywhere: DeepSeek-V3 T = 4096 6.1 against
+//   6.5 ms): it streams faster than decode (DeepSeek-V3 T = 1 / 8 / 64: 103 / 603 / 2255 us
+//   against 125 / 651 / 2499; Qwen3 T = 64: 176 against 204).
 constexpr int64_t kWgmma128MinRows = 96;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -238,8 +241,8 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       ceil_div(problem.intermediate, detail::Prefill64::kCols / 2) *
       detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
-  if (!decode && problem.compute_capability == 90) {
-    return {GemmKernel::wgmma, per_expert >= kWgmma128MinRows ? 128 : 64, 1, 1};
+  if (problem.compute_capability == 90 && aligned && (fp8 || !decode)) {
+    return {GemmKernel::wgmma, !fp8 && per_expert >= kWgmma128MinRows ? 128 : 64, 1, 1};
   }
   if (!decode) {
     const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows

@@ -33,8 +33,8 @@ namespace moekit::cuda_gemm {
 // up to 8 rows; made for a few rows per expert.
 // prefill: tensor-core tiles of 64 or 128 rows x 128 weight rows with a cp.async pipeline and
 // mma.sync, on every GPU from sm_80.
-// wgmma: the same pipeline feeding Hopper's warpgroup MMA (sm_90a; 64 or 128 rows x 128 or 256
-// weight rows), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0 only.
+// wgmma: Hopper's warpgroup MMA fed by TMA copies from a producer warp (sm_90a; 64 or 128 rows
+// x 128 or 256 weight rows), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0.
 enum class GemmKernel : uint8_t { decode, prefill, wgmma };
 
 struct GemmChoice {
@@ -65,8 +65,8 @@ struct GemmProblem {
 // - bf16/f16: prefill, unless its GEMM1 grid would give fewer CTAs than the device has SMs
 //   (tiny layers at T = 1): then decode, one slice per CTA.
 // - prefill's token tile: for bf16/f16 128 rows from about 96 rows per hit expert, else 64.
-// - compute capability 9.0: wgmma wherever prefill would run, and for e4m3 from more than 4 rows
-//   per hit expert; tiles of 128 rows from about 96 rows per hit expert, else 64.
+// - compute capability 9.0: wgmma wherever 16-bit prefill would run, in tiles of 128 rows from
+//   about 96 rows per hit expert, else 64; e4m3 always on wgmma (aligned rows), in tiles of 64.
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
