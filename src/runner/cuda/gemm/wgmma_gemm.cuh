@@ -146,13 +146,9 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   // (it still takes each stage in turn, to hand it back).
   const bool group_live = gm * 64 < tile.rows;
 
-  float acc[kAcc], part[kFp8 ? kAcc : 1];
+  float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-  if constexpr (kFp8) {
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
-  }
 
   // This thread's two rows (of the accumulator layout: row warp * 16 + lane / 4, and 8 below).
   const int row_in_tile[2] = {gm * 64 + warp_in_group * 16 + (lane >> 2),
@@ -184,51 +180,67 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     return;
   }
 
-  for (int step = 0; step < steps; ++step) {
+  // Waits for K step `step`'s stage and multiplies it into `sum` (e4m3: from zero, to promote).
+  const auto issue = [&](int step, float(&sum)[kAcc]) {
     const int stage = step % S::kStages;
-    // fp8-block: this K block's scales, loaded before waiting for the stage.
-    float w_first = 0.0f, w_second = 0.0f, as[2] = {};
-    if constexpr (kPerBlock) {
-      w_first = __ldg(p.w_scale + ws_first + step * p.ws_kb_step);
-      w_second = __ldg(p.w_scale + ws_second + step * p.ws_kb_step);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        as[h] = row_valid[h] ? activation_scale(p, as_row[h], step) : 0.0f;
-      }
-    }
     mbarrier_wait(smem_address(&full[stage]), (step / S::kStages) & 1);
     const uint64_t a_desc =
         smem_desc_sw128(a_smem + stage * S::kStageA + gm * 64 * kWgmmaStepBytes);
     const uint64_t b_desc =
         smem_desc_sw128(b_smem + stage * S::kStageB + gn * kN * kWgmmaStepBytes);
-    // e4m3 sums each K step apart, to promote it.
-    const auto issue = [&](float(&sum)[kAcc]) {
-      wgmma_fence();
-      fence_registers(sum);
+    wgmma_fence();
+    fence_registers(sum);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        wgmma<kElem, kN>(sum, a_desc + 2 * k, b_desc + 2 * k, kFp8 && k == 0 ? 0 : 1);
-      }
-      wgmma_commit();
+    for (int k = 0; k < 4; ++k) {
+      wgmma<kElem, kN>(sum, a_desc + 2 * k, b_desc + 2 * k, kFp8 && k == 0 ? 0 : 1);
+    }
+    wgmma_commit();
+  };
+
+  if constexpr (kFp8) {
+    // The scales a K step's partial sums are promoted with (fp8-block: the K block's; else 1).
+    struct StepScales {
+      float first = 1.0f, second = 1.0f, row[2] = {1.0f, 1.0f};
     };
-    if constexpr (kFp8) {
-      issue(part);
-      wgmma_wait<0>();
-      fence_registers(part);
-      release(stage);
+    const auto scales_of = [&](int step) {
+      StepScales sc;
+      if constexpr (kPerBlock) {
+        sc.first = __ldg(p.w_scale + ws_first + step * p.ws_kb_step);
+        sc.second = __ldg(p.w_scale + ws_second + step * p.ws_kb_step);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sc.row[h] = row_valid[h] ? activation_scale(p, as_row[h], step) : 0.0f;
+        }
+      }
+      return sc;
+    };
+    const auto promote = [&](const float(&part)[kAcc], const StepScales& sc) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
         if constexpr (kPerBlock) {
-          // The K block's partial sums, promoted with its scales (DeepSeek-V3's accumulation).
+          // DeepSeek-V3's accumulation: the K block's partial sums times its scales.
           const int chunk = i / 4, h = (i / 2) % 2;
-          const float w = kGated && chunk >= kN / 16 ? w_second : w_first;
-          acc[i] += part[i] * (as[h] * w);
+          const float w = kGated && chunk >= kN / 16 ? sc.second : sc.first;
+          acc[i] += part[i] * (sc.row[h] * w);
         } else {
           acc[i] += part[i];
         }
       }
-    } else {
-      issue(acc);
+    };
+    // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
+    // serialise the wgmma (C7514) and spill; the two warpgroups overlap each other's promotion.)
+    float part[kAcc];
+    for (int step = 0; step < steps; ++step) {
+      const StepScales sc = scales_of(step);
+      issue(step, part);
+      wgmma_wait<0>();
+      fence_registers(part);
+      release(step % S::kStages);
+      promote(part, sc);
+    }
+  } else {
+    for (int step = 0; step < steps; ++step) {
+      issue(step, acc);
       // One group stays in flight: the previous step's is complete, so its stage goes back.
       wgmma_wait<1>();
       if (step > 0) release((step - 1) % S::kStages);
