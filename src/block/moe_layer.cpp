@@ -178,13 +178,18 @@ class MoeLayer::Impl {
     });
     if (shared_) shared_->start(ctx_, hidden);
     try {
-      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+      // Plan::fusions.combine_to_output: the routed experts write the output, and no output
+      // stage runs (resolve fuses them only where nothing is added to the routed sum).
+      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed,
+                      plan_.fusions.combine_to_output ? &output : nullptr);
     } catch (const Error&) {
       if (shared_) shared_->finish(ctx_);  // joins the overlapped form's thread
       throw;
     }
     const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
-    output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
+    if (!plan_.fusions.combine_to_output) {
+      output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
+    }
     if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);
   }
 

@@ -79,7 +79,15 @@ class CudaFiniteChecks final : public FiniteChecks {
 class CudaRouterStage final : public RouterStage {
  public:
   explicit CudaRouterStage(const Plan& plan)
-      : plan_(plan), top_k_(plan.spec.routing.top_k), columns_(top_k_ + plan.shared_slots) {
+      : plan_(plan),
+        top_k_(plan.spec.routing.top_k),
+        columns_(top_k_ + plan.shared_slots),
+        fused_(plan.fusions.route_to_physical) {
+    if (fused_ && plan.spec.shared_gate && plan.shared_slots > 0) {
+      fail(Errc::internal,
+           "a plan fuses logical -> physical into the router, but a shared gate "
+           "weights its fused shared slots");
+    }
     std::vector<int32_t> table;
     for (const std::vector<int>& rank : plan.location.rank_table) {
       table.insert(table.end(), rank.begin(), rank.end());
@@ -114,6 +122,22 @@ class CudaRouterStage final : public RouterStage {
     const Arrays a = carve(carver);
     const int64_t T = hidden.dim(0);
     const ModelSpec& spec = plan_.spec;
+    const routing::cuda::ToPhysicalArgs physical{
+        .logical_ids = a.logical_ids,
+        .logical_weights = a.logical_weights,
+        .tokens = T,
+        .top_k = top_k_,
+        .rank_table = rank_table_.data<int32_t>(),
+        .n_logical = spec.n_experts,
+        .ep_size = plan_.location.ep_size,
+        .shared_slots = plan_.shared_slots,
+        .first_shared_id = plan_.location.physical,
+        .shared_slot_weight = plan_.shared_slot_weight,
+        .shared_gate = spec.shared_gate && !fused_ ? a.shared_gate : nullptr,
+        .ids = a.physical_ids,
+        .weights = a.physical_weights};
+    // Plan::fusions.route_to_physical: one kernel picks the experts and writes their physical
+    // ids (resolve allows it only where no shared gate weights fused shared slots).
     routing::cuda::route(
         {.logits = logits.data,
          .logits_dtype = logits.dtype,
@@ -122,7 +146,8 @@ class CudaRouterStage final : public RouterStage {
          .spec = spec.routing,
          .correction_bias = spec.routing.correction_bias ? bias_.data<float>() : nullptr,
          .ids = a.logical_ids,
-         .weights = a.logical_weights},
+         .weights = a.logical_weights,
+         .physical = fused_ ? &physical : nullptr},
         ctx.stream);
     if (spec.shared_gate) {
       block::cuda::shared_gate({.hidden = hidden.data,
@@ -133,20 +158,7 @@ class CudaRouterStage final : public RouterStage {
                                 .out = a.shared_gate},
                                ctx.stream);
     }
-    routing::cuda::to_physical({.logical_ids = a.logical_ids,
-                                .logical_weights = a.logical_weights,
-                                .tokens = T,
-                                .top_k = top_k_,
-                                .rank_table = rank_table_.data<int32_t>(),
-                                .n_logical = spec.n_experts,
-                                .ep_size = plan_.location.ep_size,
-                                .shared_slots = plan_.shared_slots,
-                                .first_shared_id = plan_.location.physical,
-                                .shared_slot_weight = plan_.shared_slot_weight,
-                                .shared_gate = spec.shared_gate ? a.shared_gate : nullptr,
-                                .ids = a.physical_ids,
-                                .weights = a.physical_weights},
-                               ctx.stream);
+    if (!fused_) routing::cuda::to_physical(physical, ctx.stream);
     return {a.logical_ids, a.logical_weights, a.physical_ids, a.physical_weights,
             spec.shared_gate ? a.shared_gate : nullptr};
   }
@@ -169,6 +181,7 @@ class CudaRouterStage final : public RouterStage {
   const Plan& plan_;
   int top_k_;
   int columns_;
+  bool fused_;         // Plan::fusions.route_to_physical
   Tensor rank_table_;  // [ep_size, E] int32
   Tensor bias_;        // [E] f32
   Tensor gate_;        // [H] f32

@@ -14,24 +14,6 @@
 
 namespace moekit::routing::cuda {
 
-struct RouteArgs {
-  const void* logits = nullptr;     // [tokens, n_experts], row-major
-  DType logits_dtype = DType::f32;  // f32, bf16 or f16
-  int64_t tokens = 0;
-  int n_experts = 0;
-  RoutingSpec spec;
-  const float* correction_bias = nullptr;  // [n_experts]; null exactly when !spec.correction_bias
-  int32_t* ids = nullptr;                  // [tokens, top_k] out
-  float* weights = nullptr;                // [tokens, top_k] out
-};
-
-// Within a row the k ids are in decreasing order of choice score (score + bias), ties to the
-// lower id, as select_experts orders them. A row with a NaN or Inf logit gets distinct ids in
-// range and unspecified weights; check_finite (block/cuda/finite_check.hpp) reports such rows.
-// Throws invalid_argument for arguments the kernel cannot route (and internal for a grouping
-// resolve() would refuse).
-void route(const RouteArgs& args, cudaStream_t stream);
-
 struct ToPhysicalArgs {
   const int32_t* logical_ids = nullptr;  // [tokens, top_k]
   const float* logical_weights = nullptr;
@@ -51,6 +33,29 @@ struct ToPhysicalArgs {
   int32_t* ids = nullptr;              // [tokens, top_k + shared_slots] out
   float* weights = nullptr;            // [tokens, top_k + shared_slots] out
 };
+
+struct RouteArgs {
+  const void* logits = nullptr;     // [tokens, n_experts], row-major
+  DType logits_dtype = DType::f32;  // f32, bf16 or f16
+  int64_t tokens = 0;
+  int n_experts = 0;
+  RoutingSpec spec;
+  const float* correction_bias = nullptr;  // [n_experts]; null exactly when !spec.correction_bias
+  int32_t* ids = nullptr;                  // [tokens, top_k] out
+  float* weights = nullptr;                // [tokens, top_k] out
+  // Optional: to_physical(*physical) in the same launch, from the ids and weights just picked
+  // (bit for bit what to_physical writes). Its logical_ids, logical_weights, tokens and top_k
+  // must be this call's ids, weights, tokens and spec.top_k, n_logical its n_experts, and its
+  // shared_gate null (a shared gate is computed by a kernel of its own, after this one).
+  const ToPhysicalArgs* physical = nullptr;
+};
+
+// Within a row the k ids are in decreasing order of choice score (score + bias), ties to the
+// lower id, as select_experts orders them. A row with a NaN or Inf logit gets distinct ids in
+// range and unspecified weights; check_finite (block/cuda/finite_check.hpp) reports such rows.
+// Throws invalid_argument for arguments the kernel cannot route (and internal for a grouping
+// resolve() would refuse).
+void route(const RouteArgs& args, cudaStream_t stream);
 
 void to_physical(const ToPhysicalArgs& args, cudaStream_t stream);
 

@@ -64,7 +64,10 @@ class CudaCore final : public RunnerCore {
     const Arrays a = carve(carver);
     const int64_t H = p_.hidden, I = p_.intermediate;
     const int64_t entries = in.tokens * in.columns;
+    // Plan::fusions.map_in_sort: the entries are global ids and the sort maps them to slots.
     runner::cuda::sort_by_slot({.ids = in.slots,
+                                .global_to_local = in.global_to_local,
+                                .n_global = in.n_global,
                                 .tokens = in.tokens,
                                 .columns = in.columns,
                                 .n_slots = p_.slots,
@@ -154,6 +157,9 @@ class CudaCore final : public RunnerCore {
          .out = a.out,
          .choice = choice},
         stream);
+    // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
+    // to its dtype as the output stage would have converted it.
+    const bool to_output = in.output != nullptr;
     runner::cuda::combine({.rows = a.out,
                            .rows_dtype = DType::f32,
                            .entry_row = a.entry_row,
@@ -162,8 +168,8 @@ class CudaCore final : public RunnerCore {
                            .tokens = in.tokens,
                            .columns = in.columns,
                            .hidden_size = H,
-                           .output = in.sum,
-                           .output_dtype = DType::f32},
+                           .output = to_output ? in.output : in.sum,
+                           .output_dtype = to_output ? in.output_dtype : DType::f32},
                           stream);
   }
 
