@@ -1,0 +1,353 @@
+// The GPU's fusions of two stages into one kernel (Plan::fusions): resolve decides them and says
+// so (no GPU needed), the router kernel writes the physical columns exactly as to_physical does,
+// and a whole forward with the fusions gives the same bits as the same plan with fused ops off
+// (every stage its own kernel). Outputs are poisoned on the device first. The GPU suites skip
+// with the runtime's reason where no GPU is usable.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_support.hpp"
+#include "moekit/expert_location.hpp"
+#include "routing/cuda/route.hpp"
+#include "support/layer_fixture.hpp"
+#include "support/specs.hpp"
+
+namespace moekit::test {
+namespace {
+
+using cuda_testing::download;
+using cuda_testing::normal;
+using cuda_testing::poisoned;
+using cuda_testing::upload;
+
+// A device tensor's bytes, for comparing bit for bit.
+std::vector<uint8_t> bytes_of(const TensorView& device) {
+  Tensor host = Tensor::empty(device.dtype, device.shape);
+  copy(host, device);
+  std::vector<uint8_t> out(static_cast<size_t>(device.nbytes()));
+  if (!out.empty()) std::memcpy(out.data(), host.view().data, out.size());
+  return out;
+}
+
+// ---- resolve (no GPU needed) ----
+
+Platform with_gpu() {
+  Platform p = Platform::cpu_only(2);
+  p.cuda_runtime = true;
+  p.gpus.push_back({.index = 0,
+                    .compute_major = 9,
+                    .compute_minor = 0,
+                    .name = "test GPU",
+                    .sm_count = 132,
+                    .memory_bytes = 1LL << 36,
+                    .l2_bytes = 60 << 20});
+  return p;
+}
+
+Options gpu_options() {
+  Options options;
+  options.runner = RunnerKind::cuda;
+  options.device = Device::cuda(0);
+  return options;
+}
+
+const Decision* find_decision(const Plan& plan, const std::string& topic) {
+  for (const Decision& d : plan.decisions) {
+    if (d.topic == topic) return &d;
+  }
+  return nullptr;
+}
+
+TEST(CudaResolveFusions, FusesEveryStagePairForALayerWithoutSharedExperts) {
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), gpu_options(), with_gpu());
+  EXPECT_TRUE(plan.fusions.route_to_physical);
+  EXPECT_TRUE(plan.fusions.map_in_sort);
+  EXPECT_TRUE(plan.fusions.combine_to_output);
+  for (const char* topic : {"router + logical -> physical", "map to local slots", "output"}) {
+    const Decision* d = find_decision(plan, topic);
+    ASSERT_NE(d, nullptr) << topic;
+    EXPECT_EQ(d->choice, "one kernel") << topic;
+    EXPECT_NE(plan.explain().find(topic), std::string::npos) << topic;
+  }
+}
+
+TEST(CudaResolveFusions, KeepsTheOutputStageWhereSharedExpertsAreAdded) {
+  const Plan plan = resolve(ModelSpec::preset("dsv3"), gpu_options(), with_gpu());
+  ASSERT_EQ(plan.shared_strategy, SharedStrategy::after);
+  EXPECT_TRUE(plan.fusions.route_to_physical);
+  EXPECT_TRUE(plan.fusions.map_in_sort);
+  EXPECT_FALSE(plan.fusions.combine_to_output);
+  const Decision* d = find_decision(plan, "output");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->choice, "two kernels");
+  EXPECT_NE(d->reason.find("shared experts"), std::string::npos) << d->reason;
+}
+
+TEST(CudaResolveFusions, KeepsToPhysicalApartWhereASharedGateWeightsFusedSlots) {
+  Options options = gpu_options();
+  options.form = BlockForm::fused_slot;
+  const Plan plan = resolve(small_qwen2_moe(), options, with_gpu());
+  ASSERT_EQ(plan.form, BlockForm::fused_slot);
+  ASSERT_GT(plan.shared_slots, 0);
+  EXPECT_FALSE(plan.fusions.route_to_physical);
+  EXPECT_TRUE(plan.fusions.map_in_sort);
+  EXPECT_TRUE(plan.fusions.combine_to_output);  // the shared experts are routed slots
+}
+
+TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
+  Options options = gpu_options();
+  options.fused_ops = FusedOps::off;
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, with_gpu());
+  EXPECT_FALSE(plan.fusions.route_to_physical);
+  EXPECT_FALSE(plan.fusions.map_in_sort);
+  EXPECT_FALSE(plan.fusions.combine_to_output);
+  const Decision* d = find_decision(plan, "output");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->reason, "fused ops are off");
+}
+
+TEST(CudaResolveFusions, ACpuPlanHasNone) {
+  Options options;
+  options.runner = RunnerKind::cpu;
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, Platform::cpu_only(2));
+  EXPECT_FALSE(plan.fusions.route_to_physical);
+  EXPECT_FALSE(plan.fusions.map_in_sort);
+  EXPECT_FALSE(plan.fusions.combine_to_output);
+  EXPECT_EQ(find_decision(plan, "map to local slots"), nullptr);
+}
+
+// ---- the router kernel's physical columns ----
+
+struct FusedRouteCase {
+  const char* name;
+  int n_experts;
+  RoutingSpec spec;
+};
+
+const FusedRouteCase kRouteCases[] = {
+    {"qwen3_softmax_top8_e128",
+     128,
+     {.scoring = Scoring::softmax, .top_k = 8, .renormalize = true}},
+    {"dsv3_sigmoid_bias_grouped",
+     256,
+     {.scoring = Scoring::sigmoid,
+      .top_k = 8,
+      .correction_bias = true,
+      .n_group = 8,
+      .topk_group = 4,
+      .group_score = GroupScore::top2_sum,
+      .renormalize = true,
+      .routed_scaling_factor = 2.5f}},
+    {"mixtral_softmax_top2_e8", 8, {.scoring = Scoring::softmax, .top_k = 2, .renormalize = true}},
+};
+
+TEST(CudaRouteFused, WritesThePhysicalColumnsBitForBitAsToPhysical) {
+  MOEKIT_REQUIRE_GPU();
+  for (const FusedRouteCase& c : kRouteCases) {
+    const int n = c.n_experts, k = c.spec.top_k;
+    for (const ExpertParallel ep : {ExpertParallel::Single(), ExpertParallel::Rank(4, 1, 4)}) {
+      const ExpertLocation location = ExpertLocation::build(n, ep);
+      std::vector<int32_t> table;
+      for (const std::vector<int>& rank : location.rank_table)
+        table.insert(table.end(), rank.begin(), rank.end());
+      const Tensor d_table = upload(table, DType::i32, {static_cast<int64_t>(table.size())});
+      for (const int shared_slots : {0, 2}) {
+        for (const int64_t T : {1, 3, 257}) {
+          SCOPED_TRACE(std::string(c.name) + " ep " + std::to_string(location.ep_size) +
+                       " shared slots " + std::to_string(shared_slots) + " T " + std::to_string(T));
+          const int columns = k + shared_slots;
+          const Tensor d_logits =
+              upload(normal(T * n, 31 + static_cast<uint32_t>(T)), DType::f32, {T, n});
+          const Tensor d_bias = upload(normal(n, 5, 0.05f), DType::f32, {n});
+          // [0]: route then to_physical; [1]: route with the physical columns.
+          Tensor ids[2], weights[2], physical_ids[2], physical_weights[2];
+          for (int i = 0; i < 2; ++i) {
+            ids[i] = poisoned(DType::i32, {T, k});
+            weights[i] = poisoned(DType::f32, {T, k});
+            physical_ids[i] = poisoned(DType::i32, {T, columns});
+            physical_weights[i] = poisoned(DType::f32, {T, columns});
+            const routing::cuda::ToPhysicalArgs physical{
+                .logical_ids = ids[i].data<int32_t>(),
+                .logical_weights = weights[i].data<float>(),
+                .tokens = T,
+                .top_k = k,
+                .rank_table = d_table.data<int32_t>(),
+                .n_logical = n,
+                .ep_size = location.ep_size,
+                .shared_slots = shared_slots,
+                .first_shared_id = location.physical,
+                .shared_slot_weight = 0.75f,
+                .ids = physical_ids[i].data<int32_t>(),
+                .weights = physical_weights[i].data<float>()};
+            routing::cuda::route(
+                {.logits = d_logits.view().data,
+                 .logits_dtype = DType::f32,
+                 .tokens = T,
+                 .n_experts = n,
+                 .spec = c.spec,
+                 .correction_bias = c.spec.correction_bias ? d_bias.data<float>() : nullptr,
+                 .ids = ids[i].data<int32_t>(),
+                 .weights = weights[i].data<float>(),
+                 .physical = i == 1 ? &physical : nullptr},
+                nullptr);
+            if (i == 0) routing::cuda::to_physical(physical, nullptr);
+          }
+          EXPECT_EQ(bytes_of(ids[1]), bytes_of(ids[0]));
+          EXPECT_EQ(bytes_of(weights[1]), bytes_of(weights[0]));
+          EXPECT_EQ(bytes_of(physical_ids[1]), bytes_of(physical_ids[0]));
+          EXPECT_EQ(bytes_of(physical_weights[1]), bytes_of(physical_weights[0]));
+          // And the map is the table's: every routed column is the source rank's replica.
+          const std::vector<int32_t> logical = download<int32_t>(ids[1]);
+          const std::vector<int32_t> got = download<int32_t>(physical_ids[1]);
+          for (int64_t t = 0; t < T; ++t) {
+            const std::vector<int>& rank = location.rank_table[t * location.ep_size / T];
+            for (int j = 0; j < columns; ++j) {
+              const int32_t want = j < k ? rank[logical[t * k + j]] : location.physical + j - k;
+              ASSERT_EQ(got[t * columns + j], want) << "token " << t << " column " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaRouteFused, RefusesPhysicalColumnsOfOtherIdsOrWithASharedGate) {
+  MOEKIT_REQUIRE_GPU();
+  const int n = 8, k = 2;
+  const Tensor logits = upload(normal(n, 3), DType::f32, {1, n});
+  Tensor ids = poisoned(DType::i32, {1, k}), weights = poisoned(DType::f32, {1, k});
+  Tensor other = poisoned(DType::i32, {1, k});
+  Tensor out_ids = poisoned(DType::i32, {1, k}), out_weights = poisoned(DType::f32, {1, k});
+  const Tensor table = upload(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}, DType::i32, {n});
+  const Tensor gate = upload(std::vector<float>{0.5f}, DType::f32, {1});
+  routing::cuda::ToPhysicalArgs physical{.logical_ids = other.data<int32_t>(),
+                                         .logical_weights = weights.data<float>(),
+                                         .tokens = 1,
+                                         .top_k = k,
+                                         .rank_table = table.data<int32_t>(),
+                                         .n_logical = n,
+                                         .ids = out_ids.data<int32_t>(),
+                                         .weights = out_weights.data<float>()};
+  const routing::cuda::RouteArgs args{
+      .logits = logits.view().data,
+      .tokens = 1,
+      .n_experts = n,
+      .spec = {.scoring = Scoring::softmax, .top_k = k, .renormalize = true},
+      .ids = ids.data<int32_t>(),
+      .weights = weights.data<float>(),
+      .physical = &physical};
+  EXPECT_THROW(routing::cuda::route(args, nullptr), Error);  // other ids
+  physical.logical_ids = ids.data<int32_t>();
+  physical.shared_gate = gate.data<float>();
+  EXPECT_THROW(routing::cuda::route(args, nullptr), Error);  // a shared gate
+}
+
+// ---- whole forwards: fused = apart, bit for bit ----
+
+struct FusedLayerCase {
+  std::string name;
+  ModelSpec spec;
+  QuantParams weights;
+  BlockForm form;
+  DType hidden;
+  int64_t tokens;
+  int ep_size;
+  int ep_rank;
+  GpuFusions expected;
+};
+
+std::vector<FusedLayerCase> fused_cases() {
+  const GpuFusions all{true, true, true};
+  const GpuFusions no_output{true, true, false};
+  const GpuFusions no_route{false, true, true};
+  ModelSpec qwen = small_softmax(16, 4, true);
+  std::vector<FusedLayerCase> out;
+  for (int64_t T : {1, 3, 257}) {
+    out.push_back({"qwen_bf16_T" + std::to_string(T), qwen, WeightFormat::bf16, BlockForm::standard,
+                   DType::bf16, T, 1, 0, all});
+    out.push_back({"qwen_fp8_block_T" + std::to_string(T), qwen, QuantParams::Fp8Block(128),
+                   BlockForm::standard, DType::bf16, T, 1, 0, all});
+  }
+  out.push_back(
+      {"qwen_f32_hidden", qwen, WeightFormat::bf16, BlockForm::standard, DType::f32, 5, 1, 0, all});
+  out.push_back(
+      {"qwen_f16", qwen, WeightFormat::f16, BlockForm::standard, DType::f16, 5, 1, 0, all});
+  out.push_back({"dsv3_standard_fp8_tensor", small_dsv3(),
+                 QuantParams::Fp8Tensor(Fp8Scaling::per_channel), BlockForm::standard, DType::bf16,
+                 5, 1, 0, no_output});
+  out.push_back({"dsv3_overlapped", small_dsv3(), WeightFormat::bf16, BlockForm::overlapped,
+                 DType::bf16, 3, 1, 0, no_output});
+  out.push_back({"dsv3_fused_slot", small_dsv3(), QuantParams::Fp8Block(128), BlockForm::fused_slot,
+                 DType::bf16, 64, 1, 0, all});
+  out.push_back({"qwen2_gate_fused_slot", small_qwen2_moe(), WeightFormat::bf16,
+                 BlockForm::fused_slot, DType::bf16, 3, 1, 0, no_route});
+  out.push_back({"qwen2_gate_standard", small_qwen2_moe(), WeightFormat::bf16, BlockForm::standard,
+                 DType::bf16, 3, 1, 0, no_output});
+  // Rank 0 adds the shared experts, rank 1 does not: only rank 1's combine writes the output.
+  out.push_back({"dsv3_ep2_rank0", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
+                 DType::bf16, 9, 2, 0, no_output});
+  out.push_back({"dsv3_ep2_rank1", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
+                 DType::bf16, 9, 2, 1, all});
+  return out;
+}
+
+class CudaFusedLayer : public ::testing::TestWithParam<FusedLayerCase> {};
+
+TEST_P(CudaFusedLayer, GivesTheSameBitsAsEveryStageApart) {
+  MOEKIT_REQUIRE_GPU();
+  const FusedLayerCase& c = GetParam();
+  const int64_t T = c.tokens, H = c.spec.hidden;
+  const int k = c.spec.routing.top_k;
+  const RandomWeights random = RandomWeights::make(c.spec, DType::bf16, 41);
+  const Inputs in = random_inputs(c.spec, T, c.hidden, 42);
+  std::vector<uint8_t> output[2], ids[2], weights[2];
+  for (int i = 0; i < 2; ++i) {  // 0: fused ops off, 1: the plan's fusions
+    Options options = gpu_options();
+    options.weights = c.weights;
+    options.form = c.form;
+    options.max_tokens = std::max<int64_t>(T, 8);
+    options.ep = ExpertParallel::Rank(c.ep_size, c.ep_rank, 0);
+    if (c.ep_size == 1) options.ep = ExpertParallel::Single();
+    options.fused_ops = i == 0 ? FusedOps::off : FusedOps::auto_;
+    const Plan plan = resolve(c.spec, options, Platform::probe());
+    const GpuFusions want = i == 0 ? GpuFusions{} : c.expected;
+    ASSERT_EQ(plan.fusions.route_to_physical, want.route_to_physical) << i;
+    ASSERT_EQ(plan.fusions.map_in_sort, want.map_in_sort) << i;
+    ASSERT_EQ(plan.fusions.combine_to_output, want.combine_to_output) << i;
+    MoeLayer layer(plan, random.view());
+    const auto up = [](const Tensor& host) {
+      Tensor t = Tensor::empty(host.view().dtype, host.view().shape, Device::cuda(0));
+      copy(t, host);
+      return t;
+    };
+    const Tensor hidden = up(in.hidden), logits = up(in.logits);
+    Tensor out = poisoned(c.hidden, {T, H});
+    Tensor routed_ids = poisoned(DType::i32, {T, k});
+    Tensor routed_weights = poisoned(DType::f32, {T, k});
+    const RoutingResult routing{routed_ids, routed_weights};
+    layer.forward(hidden, logits, out, &routing);
+    output[i] = bytes_of(out);
+    ids[i] = bytes_of(routed_ids);
+    weights[i] = bytes_of(routed_weights);
+  }
+  EXPECT_EQ(ids[1], ids[0]);
+  EXPECT_EQ(weights[1], weights[0]);
+  ASSERT_EQ(output[1].size(), output[0].size());
+  size_t differ = 0;
+  for (size_t b = 0; b < output[0].size(); ++b) differ += output[1][b] != output[0][b];
+  EXPECT_EQ(differ, 0u) << "bytes of the output differ between the fused and the apart forward";
+}
+
+std::string fused_name(const ::testing::TestParamInfo<FusedLayerCase>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaFusedLayer, ::testing::ValuesIn(fused_cases()), fused_name);
+
+}  // namespace
+}  // namespace moekit::test
