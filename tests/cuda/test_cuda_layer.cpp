@@ -240,7 +240,8 @@ TEST(CudaLayer, ANonFiniteInputIsReportedAtSynchronizeNamingItsRow) {
 // forward would make the capture fail.
 TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
   MOEKIT_REQUIRE_GPU();
-  for (BlockForm form : {BlockForm::standard, BlockForm::overlapped}) {
+  // fused-slot: the routed combine writes the output (Plan::fusions.combine_to_output).
+  for (BlockForm form : {BlockForm::standard, BlockForm::overlapped, BlockForm::fused_slot}) {
     SCOPED_TRACE(block_form_name(form));
     Options options = on_gpu();
     options.form = form;
