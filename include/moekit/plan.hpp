@@ -57,6 +57,9 @@ struct CudaKernels {
 // explain. None changes a result: the fused kernel computes what the two did, bit for bit. At
 // decode sizes each kernel's launch costs about as much as its work.
 struct GpuFusions {
+  // block: the router kernel also runs the NaN/Inf checks of hidden states and logits, in
+  // blocks of their own beside the routing ones (no check kernel); where the checks are on.
+  bool checks_in_router = false;
   // block: the router kernel writes the physical ids and weights too (no logical -> physical
   // kernel); not where a shared gate, computed by a kernel of its own, weights fused shared slots.
   bool route_to_physical = false;

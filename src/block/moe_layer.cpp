@@ -142,6 +142,10 @@ class MoeLayer::Impl {
         routed_(plan_, routed_problem(plan_), routed_global_to_local(plan_)),
         shared_(make_shared_experts(plan_)),
         output_(stages_.output(plan_)) {
+    if (plan_.fusions.checks_in_router && checks_ &&
+        !router_->take_finite_checks(checks_->statuses_for_router())) {
+      fail(Errc::internal, "the plan gives the router the finite checks, which it cannot take");
+    }
     for (const Decision* d : plan_.fallbacks()) {
       log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", plan_.spec.name, d->topic,
           *d->fallback, d->reason);

@@ -638,6 +638,10 @@ void decide_gpu_fusions(Plan& plan) {
          std::nullopt});
   };
   GpuFusions& f = plan.fusions;
+  record(PlanLayer::block, "finite checks + router", f.checks_in_router,
+         "the router kernel checks hidden states and logits in blocks of its own beside the "
+         "routing ones",
+         plan.options.check_finite ? "" : "the finite checks are off");
   record(PlanLayer::block, "router + logical -> physical", f.route_to_physical,
          "the router kernel writes each token's physical ids and weights as it picks them",
          plan.shared_slots > 0 && plan.spec.shared_gate

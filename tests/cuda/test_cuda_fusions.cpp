@@ -6,10 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "block/cuda/block_kernels.hpp"
 #include "cuda/cuda_support.hpp"
 #include "moekit/expert_location.hpp"
 #include "routing/cuda/route.hpp"
@@ -64,10 +66,12 @@ const Decision* find_decision(const Plan& plan, const std::string& topic) {
 
 TEST(CudaResolveFusions, FusesEveryStagePairForALayerWithoutSharedExperts) {
   const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), gpu_options(), with_gpu());
+  EXPECT_TRUE(plan.fusions.checks_in_router);
   EXPECT_TRUE(plan.fusions.route_to_physical);
   EXPECT_TRUE(plan.fusions.map_in_sort);
   EXPECT_TRUE(plan.fusions.combine_to_output);
-  for (const char* topic : {"router + logical -> physical", "map to local slots", "output"}) {
+  for (const char* topic :
+       {"finite checks + router", "router + logical -> physical", "map to local slots", "output"}) {
     const Decision* d = find_decision(plan, topic);
     ASSERT_NE(d, nullptr) << topic;
     EXPECT_EQ(d->choice, "one kernel") << topic;
@@ -102,6 +106,7 @@ TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
   Options options = gpu_options();
   options.fused_ops = FusedOps::off;
   const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, with_gpu());
+  EXPECT_FALSE(plan.fusions.checks_in_router);
   EXPECT_FALSE(plan.fusions.route_to_physical);
   EXPECT_FALSE(plan.fusions.map_in_sort);
   EXPECT_FALSE(plan.fusions.combine_to_output);
@@ -110,10 +115,22 @@ TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
   EXPECT_EQ(d->reason, "fused ops are off");
 }
 
+TEST(CudaResolveFusions, NoChecksNothingToTakeIn) {
+  Options options = gpu_options();
+  options.check_finite = false;
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, with_gpu());
+  EXPECT_FALSE(plan.fusions.checks_in_router);
+  EXPECT_TRUE(plan.fusions.route_to_physical);
+  const Decision* d = find_decision(plan, "finite checks + router");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->reason, "the finite checks are off");
+}
+
 TEST(CudaResolveFusions, ACpuPlanHasNone) {
   Options options;
   options.runner = RunnerKind::cpu;
   const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, Platform::cpu_only(2));
+  EXPECT_FALSE(plan.fusions.checks_in_router);
   EXPECT_FALSE(plan.fusions.route_to_physical);
   EXPECT_FALSE(plan.fusions.map_in_sort);
   EXPECT_FALSE(plan.fusions.combine_to_output);
@@ -247,6 +264,85 @@ TEST(CudaRouteFused, RefusesPhysicalColumnsOfOtherIdsOrWithASharedGate) {
   EXPECT_THROW(routing::cuda::route(args, nullptr), Error);  // a shared gate
 }
 
+// The router kernel's checks leave the statuses check_finite leaves: the first non-finite
+// element of each tensor (lowest row, then column), or none.
+TEST(CudaRouteFused, ChecksHiddenAndLogitsAsTheCheckKernelDoes) {
+  MOEKIT_REQUIRE_GPU();
+  const int n = 128, k = 8;
+  const int64_t H = 136;
+  const RoutingSpec spec{.scoring = Scoring::softmax, .top_k = k, .renormalize = true};
+  for (const int64_t T : {1, 3, 257}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      for (int bad = 0; bad < 4; ++bad) {  // none, hidden, logits, both
+        SCOPED_TRACE("T " + std::to_string(T) + " " + std::string(dtype_name(dtype)) + " case " +
+                     std::to_string(bad));
+        std::vector<float> hidden = normal(T * H, 51 + static_cast<uint32_t>(T));
+        std::vector<float> logits = normal(T * n, 52 + static_cast<uint32_t>(T));
+        if (bad == 1 || bad == 3) {
+          hidden[(T - 1) * H + 100] = std::nanf("");
+          hidden[(T - 1) * H + 7] = INFINITY;
+          if (T > 2) hidden[2 * H + 135] = -INFINITY;
+        }
+        if (bad == 2 || bad == 3) {
+          logits[(T / 2) * n + 77] = std::nanf("");
+          logits[(T - 1) * n + 3] = -INFINITY;
+        }
+        const cuda_testing::Activations h = cuda_testing::as_dtype(hidden, dtype);
+        const cuda_testing::Activations l = cuda_testing::as_dtype(logits, dtype);
+        const Tensor d_hidden = upload(h.bytes, dtype, {T, H});
+        const Tensor d_logits = upload(l.bytes, dtype, {T, n});
+        // [0]: check_finite's kernel; [1]: the router's blocks. Two statuses each.
+        Tensor status[2];
+        std::vector<uint8_t> statuses[2];
+        for (int i = 0; i < 2; ++i) {
+          status[i] = Tensor::empty(DType::i8,
+                                    {static_cast<int64_t>(2 * sizeof(block::cuda::FiniteStatus))},
+                                    Device::cuda(0));
+          auto* s = static_cast<block::cuda::FiniteStatus*>(status[i].view().data);
+          block::cuda::reset_finite_status(s, 2, nullptr);
+          const block::cuda::FiniteCheckArgs first{
+              .data = d_hidden.view().data, .dtype = dtype, .rows = T, .columns = H, .status = s};
+          const block::cuda::FiniteCheckArgs second{.data = d_logits.view().data,
+                                                    .dtype = dtype,
+                                                    .rows = T,
+                                                    .columns = n,
+                                                    .status = s + 1};
+          Tensor ids = poisoned(DType::i32, {T, k}), weights = poisoned(DType::f32, {T, k});
+          const auto checks = block::cuda::finite_check_tensors(first, second);
+          if (i == 0) block::cuda::check_finite(first, second, nullptr);
+          routing::cuda::route({.logits = d_logits.view().data,
+                                .logits_dtype = dtype,
+                                .tokens = T,
+                                .n_experts = n,
+                                .spec = spec,
+                                .ids = ids.data<int32_t>(),
+                                .weights = weights.data<float>(),
+                                .check_first = i == 1 ? checks[0] : cuda_finite::FiniteTensor{},
+                                .check_second = i == 1 ? checks[1] : cuda_finite::FiniteTensor{}},
+                               nullptr);
+          statuses[i] = bytes_of(status[i]);
+        }
+        EXPECT_EQ(statuses[1], statuses[0]);
+        block::cuda::FiniteStatus found[2];
+        std::memcpy(found, statuses[1].data(), sizeof(found));
+        const block::cuda::NonFiniteAt at_hidden = block::cuda::decode_finite_status(found[0]);
+        const block::cuda::NonFiniteAt at_logits = block::cuda::decode_finite_status(found[1]);
+        EXPECT_EQ(at_hidden.found, bad == 1 || bad == 3);
+        EXPECT_EQ(at_logits.found, bad == 2 || bad == 3);
+        if (at_hidden.found) {
+          // Row 2 column 135 comes first where row 2 is not the last row (column 7).
+          EXPECT_EQ(at_hidden.row, T > 3 ? 2 : T - 1);
+          EXPECT_EQ(at_hidden.column, T > 3 ? 135 : 7);
+        }
+        if (at_logits.found) {
+          EXPECT_EQ(at_logits.row, T / 2);
+          EXPECT_EQ(at_logits.column, T / 2 == T - 1 ? 3 : 77);
+        }
+      }
+    }
+  }
+}
+
 // ---- whole forwards: fused = apart, bit for bit ----
 
 struct FusedLayerCase {
@@ -262,9 +358,9 @@ struct FusedLayerCase {
 };
 
 std::vector<FusedLayerCase> fused_cases() {
-  const GpuFusions all{true, true, true};
-  const GpuFusions no_output{true, true, false};
-  const GpuFusions no_route{false, true, true};
+  const GpuFusions all{true, true, true, true};
+  const GpuFusions no_output{true, true, true, false};
+  const GpuFusions no_route{true, false, true, true};
   ModelSpec qwen = small_softmax(16, 4, true);
   std::vector<FusedLayerCase> out;
   for (int64_t T : {1, 3, 257}) {
@@ -316,6 +412,7 @@ TEST_P(CudaFusedLayer, GivesTheSameBitsAsEveryStageApart) {
     options.fused_ops = i == 0 ? FusedOps::off : FusedOps::auto_;
     const Plan plan = resolve(c.spec, options, Platform::probe());
     const GpuFusions want = i == 0 ? GpuFusions{} : c.expected;
+    ASSERT_EQ(plan.fusions.checks_in_router, want.checks_in_router) << i;
     ASSERT_EQ(plan.fusions.route_to_physical, want.route_to_physical) << i;
     ASSERT_EQ(plan.fusions.map_in_sort, want.map_in_sort) << i;
     ASSERT_EQ(plan.fusions.combine_to_output, want.combine_to_output) << i;

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/cuda_common.cuh"
+#include "core/cuda_finite.cuh"
 #include "core/cuda_launch.cuh"
 #include "routing/cuda/route.hpp"
 
@@ -45,6 +46,11 @@ struct RouteParams {
   float shared_slot_weight;
   int32_t* physical_ids;
   float* physical_weights;
+  // The finite checks in the same launch (RouteArgs::check_first/second): blocks from
+  // route_blocks on run them.
+  unsigned route_blocks;
+  cuda_finite::FiniteTensor check_first;
+  cuda_finite::FiniteTensor check_second;
 };
 
 // (a_value, a_id) is ranked ahead of the best so far (b_value, b_id): higher value, ties to the
@@ -110,6 +116,13 @@ __device__ unsigned order_key(float value) {
 __global__ void route_kernel(RouteParams p) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
+  if (blockIdx.x >= p.route_blocks) {
+    const unsigned block = blockIdx.x - p.route_blocks, blocks = gridDim.x - p.route_blocks;
+    cuda_finite::check_elements(p.check_first, p.check_second,
+                                static_cast<int64_t>(block) * blockDim.x + threadIdx.x,
+                                static_cast<int64_t>(blocks) * blockDim.x);
+    return;
+  }
   extern __shared__ __align__(16) unsigned char shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
@@ -341,6 +354,21 @@ void route(const RouteArgs& args, cudaStream_t stream) {
     }
   }
   const int warps = std::min(kMaxWarpsPerBlock, kSharedLimit / warp_bytes);
+  const unsigned route_blocks = cuda_common::blocks_for(args.tokens, warps);
+  // The checks' blocks: as many as their elements need, up to as many threads as the check
+  // kernel's grid has (4096 blocks of 256), grid-stride beyond.
+  const int64_t to_check = args.check_first.elements + args.check_second.elements;
+  for (const cuda_finite::FiniteTensor* c : {&args.check_first, &args.check_second}) {
+    if (c->elements < 0 ||
+        (c->elements > 0 && (c->data == nullptr || c->first == nullptr || c->columns < 1))) {
+      cuda_errors::invalid_argument("route: a finite check needs data, a status and columns");
+    }
+  }
+  const unsigned check_blocks =
+      to_check == 0
+          ? 0u
+          : static_cast<unsigned>(std::min<int64_t>(cuda_common::blocks_for(to_check, warps * 32),
+                                                    int64_t{4096} * 256 / (warps * 32)));
   const RouteParams params{args.logits,
                            args.logits_dtype,
                            args.tokens,
@@ -362,9 +390,12 @@ void route(const RouteArgs& args, cudaStream_t stream) {
                            physical ? physical->first_shared_id : 0,
                            physical ? physical->shared_slot_weight : 1.0f,
                            physical ? physical->ids : nullptr,
-                           physical ? physical->weights : nullptr};
-  cuda_launch::launch(route_kernel, cuda_common::blocks_for(args.tokens, warps), warps * 32,
-                      warp_bytes * warps, stream, params);
+                           physical ? physical->weights : nullptr,
+                           route_blocks,
+                           args.check_first,
+                           args.check_second};
+  cuda_launch::launch(route_kernel, route_blocks + check_blocks, warps * 32, warp_bytes * warps,
+                      stream, params);
   cuda_common::check_launch("route");
 }
 

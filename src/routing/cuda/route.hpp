@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "core/cuda_finite.hpp"
 #include "moekit/dtype.hpp"
 #include "moekit/spec.hpp"
 
@@ -48,6 +49,12 @@ struct RouteArgs {
   // must be this call's ids, weights, tokens and spec.top_k, n_logical its n_experts, and its
   // shared_gate null (a shared gate is computed by a kernel of its own, after this one).
   const ToPhysicalArgs* physical = nullptr;
+  // Optional: the NaN/Inf checks of two tensors (the batch's hidden states and logits) in the
+  // same launch, by blocks of their own beside the routing ones, with the check kernel's loop
+  // (core/cuda_finite.cuh): the same statuses as block::cuda::check_finite would leave. Tensors
+  // with no elements are not checked.
+  cuda_finite::FiniteTensor check_first{};
+  cuda_finite::FiniteTensor check_second{};
 };
 
 // Within a row the k ids are in decreasing order of choice score (score + bias), ties to the
