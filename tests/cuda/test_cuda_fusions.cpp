@@ -378,8 +378,11 @@ std::vector<FusedLayerCase> fused_cases() {
                  5, 1, 0, no_output});
   out.push_back({"dsv3_overlapped", small_dsv3(), WeightFormat::bf16, BlockForm::overlapped,
                  DType::bf16, 3, 1, 0, no_output});
-  out.push_back({"dsv3_fused_slot", small_dsv3(), QuantParams::Fp8Block(128), BlockForm::fused_slot,
+  // (small_dsv3's shared expert cannot be split into fp8 slots: resolve falls back.)
+  out.push_back({"dsv3_fused_slot", small_dsv3(), WeightFormat::bf16, BlockForm::fused_slot,
                  DType::bf16, 64, 1, 0, all});
+  out.push_back({"dsv3_fused_slot_f16", small_dsv3(), WeightFormat::f16, BlockForm::fused_slot,
+                 DType::f16, 64, 1, 0, all});
   out.push_back({"qwen2_gate_fused_slot", small_qwen2_moe(), WeightFormat::bf16,
                  BlockForm::fused_slot, DType::bf16, 3, 1, 0, no_route});
   out.push_back({"qwen2_gate_standard", small_qwen2_moe(), WeightFormat::bf16, BlockForm::standard,
@@ -390,6 +393,32 @@ std::vector<FusedLayerCase> fused_cases() {
   out.push_back({"dsv3_ep2_rank1", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
                  DType::bf16, 9, 2, 1, all});
   return out;
+}
+
+Options fused_case_options(const FusedLayerCase& c, FusedOps fused_ops) {
+  Options options = gpu_options();
+  options.weights = c.weights;
+  options.form = c.form;
+  options.max_tokens = std::max<int64_t>(c.tokens, 8);
+  options.ep =
+      c.ep_size == 1 ? ExpertParallel::Single() : ExpertParallel::Rank(c.ep_size, c.ep_rank, 0);
+  options.fused_ops = fused_ops;
+  return options;
+}
+
+// Every case below is planned with the fusions it expects (no GPU needed: a form the case asks
+// for that fell back would fuse otherwise).
+TEST(CudaResolveFusions, TheFusedLayerCasesArePlannedAsTheyExpect) {
+  for (const FusedLayerCase& c : fused_cases()) {
+    SCOPED_TRACE(c.name);
+    const Plan plan = resolve(c.spec, fused_case_options(c, FusedOps::auto_), with_gpu());
+    EXPECT_EQ(plan.form, c.form);
+    EXPECT_TRUE(plan.fallbacks().empty());
+    EXPECT_EQ(plan.fusions.checks_in_router, c.expected.checks_in_router);
+    EXPECT_EQ(plan.fusions.route_to_physical, c.expected.route_to_physical);
+    EXPECT_EQ(plan.fusions.map_in_sort, c.expected.map_in_sort);
+    EXPECT_EQ(plan.fusions.combine_to_output, c.expected.combine_to_output);
+  }
 }
 
 class CudaFusedLayer : public ::testing::TestWithParam<FusedLayerCase> {};
@@ -403,13 +432,7 @@ TEST_P(CudaFusedLayer, GivesTheSameBitsAsEveryStageApart) {
   const Inputs in = random_inputs(c.spec, T, c.hidden, 42);
   std::vector<uint8_t> output[2], ids[2], weights[2];
   for (int i = 0; i < 2; ++i) {  // 0: fused ops off, 1: the plan's fusions
-    Options options = gpu_options();
-    options.weights = c.weights;
-    options.form = c.form;
-    options.max_tokens = std::max<int64_t>(T, 8);
-    options.ep = ExpertParallel::Rank(c.ep_size, c.ep_rank, 0);
-    if (c.ep_size == 1) options.ep = ExpertParallel::Single();
-    options.fused_ops = i == 0 ? FusedOps::off : FusedOps::auto_;
+    const Options options = fused_case_options(c, i == 0 ? FusedOps::off : FusedOps::auto_);
     const Plan plan = resolve(c.spec, options, Platform::probe());
     const GpuFusions want = i == 0 ? GpuFusions{} : c.expected;
     ASSERT_EQ(plan.fusions.checks_in_router, want.checks_in_router) << i;
