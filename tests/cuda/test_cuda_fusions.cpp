@@ -15,6 +15,7 @@
 #include "cuda/cuda_support.hpp"
 #include "moekit/expert_location.hpp"
 #include "routing/cuda/route.hpp"
+#include "runner/cuda/permute.hpp"
 #include "support/layer_fixture.hpp"
 #include "support/specs.hpp"
 
@@ -341,6 +342,151 @@ TEST(CudaRouteFused, ChecksHiddenAndLogitsAsTheCheckKernelDoes) {
       }
     }
   }
+}
+
+// ---- the runner's sort and gather in one launch ----
+
+struct TinyCase {
+  const char* name;
+  int64_t tokens;
+  int columns;
+  int n_slots;
+  int64_t hidden;
+  bool global_ids;  // ids through a table (Plan::fusions.map_in_sort)
+};
+
+// Up to 32 entries take the one-launch path; 40 the two launches.
+const TinyCase kTinyCases[] = {
+    {"qwen3_decode", 1, 8, 128, 2048, true}, {"dsv3_slots", 1, 9, 13, 136, false},
+    {"three_tokens", 3, 8, 16, 40, true},    {"four_tokens", 4, 8, 128, 256, false},
+    {"odd_hidden", 2, 3, 5, 7, false},       {"one_entry", 1, 1, 1, 64, false},
+    {"forty_entries", 5, 8, 16, 136, true},
+};
+
+struct TinyOutputs {
+  Tensor counts, offsets, row_source, entry_row, rows, scales;
+};
+
+TEST(CudaSortAndGather, WritesWhatSortThenGatherWriteBitForBit) {
+  MOEKIT_REQUIRE_GPU();
+  namespace rc = runner::cuda;
+  struct RowsFormat {
+    DType dtype;
+    int group;  // 0: the row
+    bool static_scale;
+  };
+  const RowsFormat formats[] = {{DType::bf16, 128, false},
+                                {DType::f16, 128, false},
+                                {DType::f8e4m3, 128, false},
+                                {DType::f8e4m3, 0, false},
+                                {DType::f8e4m3, 0, true}};
+  for (const TinyCase& c : kTinyCases) {
+    for (const DType in_dtype : {DType::f32, DType::bf16}) {
+      for (const RowsFormat& f : formats) {
+        SCOPED_TRACE(std::string(c.name) + " " + std::string(dtype_name(in_dtype)) + " -> " +
+                     std::string(dtype_name(f.dtype)) + " group " + std::to_string(f.group) +
+                     (f.static_scale ? " static" : ""));
+        const int64_t T = c.tokens, H = c.hidden, entries = T * c.columns;
+        const int group = f.group == 0 ? static_cast<int>(H) : f.group;
+        // Slots with some entries elsewhere (-1) and some ids out of range, repeated slots.
+        std::vector<int32_t> ids(static_cast<size_t>(entries));
+        for (int64_t e = 0; e < entries; ++e) {
+          ids[e] = static_cast<int32_t>((e * 7 + 3) % (c.n_slots + 2)) - 1;
+        }
+        if (entries > 2) ids[1] = ids[0];
+        std::vector<int32_t> table;
+        const int n_global = c.n_slots + 4;
+        if (c.global_ids) {  // global id g is slot g - 2; the first two and the last two: not here
+          for (int g = 0; g < n_global; ++g)
+            table.push_back(g >= 2 && g < c.n_slots + 2 ? g - 2 : -1);
+          for (int32_t& id : ids) id += 2;
+        }
+        const Tensor d_ids = upload(ids, DType::i32, {entries});
+        const Tensor d_table = upload(table.empty() ? std::vector<int32_t>{0} : table, DType::i32,
+                                      {std::max<int64_t>(static_cast<int64_t>(table.size()), 1)});
+        const cuda_testing::Activations x = cuda_testing::as_dtype(
+            normal(T * H, 61 + static_cast<uint32_t>(entries), 3.0f), in_dtype);
+        const Tensor d_hidden = upload(x.bytes, in_dtype, {T, H});
+        const Tensor d_static = upload(std::vector<float>{0.02f}, DType::f32, {1});
+        const int64_t max_rows = rc::sort_max_rows(entries, c.n_slots, 1, 0);
+        const int64_t groups = (H + group - 1) / group;
+        const Tensor scratch =
+            poisoned(DType::i8, {std::max<int64_t>(rc::sort_scratch_bytes(entries, c.n_slots), 1)});
+        TinyOutputs out[2];
+        for (int i = 0; i < 2; ++i) {  // 0: two launches, 1: sort_and_gather
+          TinyOutputs& o = out[i];
+          o.counts = poisoned(DType::i32, {c.n_slots});
+          o.offsets = poisoned(DType::i32, {c.n_slots + 1});
+          o.row_source = poisoned(DType::i32, {max_rows});
+          o.entry_row = poisoned(DType::i32, {entries});
+          o.rows = poisoned(f.dtype, {max_rows, H});
+          o.scales = poisoned(DType::f32, {max_rows, groups});
+          const rc::SortArgs sort{
+              .ids = d_ids.data<int32_t>(),
+              .global_to_local = c.global_ids ? d_table.data<int32_t>() : nullptr,
+              .n_global = c.global_ids ? n_global : 0,
+              .tokens = T,
+              .columns = c.columns,
+              .n_slots = c.n_slots,
+              .counts = o.counts.data<int32_t>(),
+              .offsets = o.offsets.data<int32_t>(),
+              .row_source = o.row_source.data<int32_t>(),
+              .entry_row = o.entry_row.data<int32_t>(),
+              .scratch = scratch.view().data};
+          const rc::GatherArgs gather{
+              .hidden = d_hidden.view().data,
+              .hidden_dtype = in_dtype,
+              .tokens = T,
+              .hidden_size = H,
+              .columns = c.columns,
+              .row_source = o.row_source.data<int32_t>(),
+              .offsets = o.offsets.data<int32_t>(),
+              .counts = o.counts.data<int32_t>(),
+              .n_slots = c.n_slots,
+              .max_rows = max_rows,
+              .rows = o.rows.view().data,
+              .rows_dtype = f.dtype,
+              .scales =
+                  f.dtype == DType::f8e4m3 && !f.static_scale ? o.scales.data<float>() : nullptr,
+              .quant_group = group,
+              .static_scale = f.static_scale ? d_static.data<float>() : nullptr};
+          if (i == 0) {
+            rc::sort_by_slot(sort, nullptr);
+            rc::gather_rows(gather, nullptr);
+          } else {
+            rc::sort_and_gather(sort, gather, nullptr);
+          }
+        }
+        EXPECT_EQ(bytes_of(out[1].counts), bytes_of(out[0].counts));
+        EXPECT_EQ(bytes_of(out[1].offsets), bytes_of(out[0].offsets));
+        EXPECT_EQ(bytes_of(out[1].row_source), bytes_of(out[0].row_source));
+        EXPECT_EQ(bytes_of(out[1].entry_row), bytes_of(out[0].entry_row));
+        EXPECT_EQ(bytes_of(out[1].rows), bytes_of(out[0].rows));
+        EXPECT_EQ(bytes_of(out[1].scales), bytes_of(out[0].scales));
+        // Every entry here has a row (the poison is gone where the layout is used).
+        const std::vector<int32_t> entry_row = download<int32_t>(out[1].entry_row);
+        const std::vector<int32_t> offsets = download<int32_t>(out[1].offsets);
+        int64_t here = 0;
+        for (int64_t e = 0; e < entries; ++e) {
+          const int32_t local = c.global_ids ? table[ids[e]] : ids[e];
+          const bool is_here = local >= 0 && local < c.n_slots;
+          here += is_here;
+          EXPECT_EQ(entry_row[e] >= 0, is_here) << "entry " << e;
+        }
+        EXPECT_EQ(offsets[c.n_slots], here);
+      }
+    }
+  }
+}
+
+TEST(CudaSortAndGather, RefusesAGatherThatDoesNotReadTheSortsOutputs) {
+  MOEKIT_REQUIRE_GPU();
+  namespace rc = runner::cuda;
+  Tensor a = poisoned(DType::i32, {8}), b = poisoned(DType::i32, {8});
+  const rc::SortArgs sort{.tokens = 1, .columns = 2, .n_slots = 3, .row_source = a.data<int32_t>()};
+  const rc::GatherArgs gather{
+      .tokens = 1, .columns = 2, .row_source = b.data<int32_t>(), .n_slots = 3};
+  EXPECT_THROW(rc::sort_and_gather(sort, gather, nullptr), Error);
 }
 
 // ---- whole forwards: fused = apart, bit for bit ----

@@ -3,6 +3,7 @@
 // everything enqueued on the caller's stream:
 //   sort entries by slot (counts, offsets, each row's entry, each entry's row)
 //   -> gather the rows grouped by slot, converted to the weights' dtype or quantised to e4m3
+//      (the two in one launch for a decode step's few entries)
 //   -> GEMM1 + activation -> (fp8: re-quantise the activations) -> GEMM2
 //   -> combine: each token's rows times their routing weights, summed in column order.
 // No host synchronisation, no allocation, no float atomics: capturable in a CUDA graph, and the
@@ -65,39 +66,40 @@ class CudaCore final : public RunnerCore {
     const int64_t H = p_.hidden, I = p_.intermediate;
     const int64_t entries = in.tokens * in.columns;
     // Plan::fusions.map_in_sort: the entries are global ids and the sort maps them to slots.
-    runner::cuda::sort_by_slot({.ids = in.slots,
-                                .global_to_local = in.global_to_local,
-                                .n_global = in.n_global,
-                                .tokens = in.tokens,
-                                .columns = in.columns,
-                                .n_slots = p_.slots,
-                                .tile = 1,
-                                .capacity = 0,
-                                .counts = a.counts,
-                                .offsets = a.offsets,
-                                .row_source = a.row_source,
-                                .entry_row = a.entry_row,
-                                .scratch = a.sort_scratch},
-                               stream);
+    const runner::cuda::SortArgs sort{.ids = in.slots,
+                                      .global_to_local = in.global_to_local,
+                                      .n_global = in.n_global,
+                                      .tokens = in.tokens,
+                                      .columns = in.columns,
+                                      .n_slots = p_.slots,
+                                      .tile = 1,
+                                      .capacity = 0,
+                                      .counts = a.counts,
+                                      .offsets = a.offsets,
+                                      .row_source = a.row_source,
+                                      .entry_row = a.entry_row,
+                                      .scratch = a.sort_scratch};
     const int64_t rows = sort_max_rows(entries, p_.slots, 1, 0);
     const int64_t x_group = scale_group(p_.quant, H);
-    runner::cuda::gather_rows({.hidden = in.hidden.data,
-                               .hidden_dtype = in.hidden.dtype,
-                               .tokens = in.tokens,
-                               .hidden_size = H,
-                               .columns = in.columns,
-                               .row_source = a.row_source,
-                               .offsets = a.offsets,
-                               .counts = a.counts,
-                               .n_slots = p_.slots,
-                               .capacity = 0,
-                               .max_rows = rows,
-                               .rows = a.x,
-                               .rows_dtype = dtype_,
-                               .scales = fp8_ && !static_ ? a.x_scales : nullptr,
-                               .quant_group = static_cast<int>(x_group),
-                               .static_scale = static_ ? w.device_input_scales : nullptr},
-                              stream);
+    const runner::cuda::GatherArgs gather{
+        .hidden = in.hidden.data,
+        .hidden_dtype = in.hidden.dtype,
+        .tokens = in.tokens,
+        .hidden_size = H,
+        .columns = in.columns,
+        .row_source = a.row_source,
+        .offsets = a.offsets,
+        .counts = a.counts,
+        .n_slots = p_.slots,
+        .capacity = 0,
+        .max_rows = rows,
+        .rows = a.x,
+        .rows_dtype = dtype_,
+        .scales = fp8_ && !static_ ? a.x_scales : nullptr,
+        .quant_group = static_cast<int>(x_group),
+        .static_scale = static_ ? w.device_input_scales : nullptr};
+    // One launch for a decode step's few entries, two otherwise (permute.hpp).
+    runner::cuda::sort_and_gather(sort, gather, stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice{.kernel = c.kernel == CudaGemmKernel::decode
                                                      ? cuda_gemm::GemmKernel::decode
