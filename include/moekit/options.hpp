@@ -69,6 +69,8 @@ struct Options {
   A2AKind a2a = A2AKind::none;
   QuantParams weights = WeightFormat::bf16;  // the format and its parameters
   BlockForm form = BlockForm::auto_;
+  // off: no fused op (the cpu runner's decode op), and on the GPU every stage its own kernel
+  // (no Plan::fusions).
   FusedOps fused_ops = FusedOps::auto_;
   ExpertParallel ep;
   TensorParallel tp;

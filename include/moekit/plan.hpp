@@ -52,6 +52,27 @@ struct CudaKernels {
   static const CudaGemmChoice& for_tokens(const std::vector<CudaGemmChoice>& runs, int64_t tokens);
 };
 
+// Stages of a GPU forward done by one kernel instead of two, decided once by resolve
+// (decide_gpu_fusions, src/plan/resolve.cpp) from the plan's other choices and
+// Options::fused_ops (off: none), each recorded as a decision with its reason and shown by
+// explain. None changes a result: the fused kernel computes what the two did, bit for bit. At
+// decode sizes each kernel's launch costs about as much as its work.
+struct GpuFusions {
+  // block: the router kernel also runs the NaN/Inf checks of hidden states and logits, in
+  // blocks of their own beside the routing ones (no check kernel); where the checks are on.
+  bool checks_in_router = false;
+  // block: the router kernel writes the physical ids and weights too (no logical -> physical
+  // kernel); not where a shared gate, computed by a kernel of its own, weights fused shared slots.
+  bool route_to_physical = false;
+  // dispatcher -> runner: the standard dispatcher hands the runner global ids with its table
+  // (DispatchOutput::global_to_local), and the runner's sort maps them (no map kernel).
+  bool map_in_sort = false;
+  // runner -> block: the routed experts' combine writes the layer's output in its dtype
+  // (DispatchOutput::output), so no output kernel runs; only where nothing is added to the
+  // routed sum (no shared experts computed apart, no sum over ranks).
+  bool combine_to_output = false;
+};
+
 // How the shared experts run, when the block form computes them apart from the routed ones.
 enum class SharedStrategy { none, after, overlapped };
 
@@ -129,6 +150,7 @@ struct Plan {
   std::optional<CudaKernels> cuda_kernels;  // runner cuda only
   std::string stages;                       // the block stages of the plan's device: "cpu"
   SharedStrategy shared_strategy = SharedStrategy::none;
+  GpuFusions fusions;                  // runner cuda only; all off elsewhere
   int64_t max_received_tokens = 0;     // the most tokens whose rows this rank's experts compute
   CommKind comm = CommKind::none;      // a2a mpi, or a2a none summed over the ranks (reduce form)
   A2AMode a2a_mode = A2AMode::normal;  // the all-to-all dispatcher's mode; never auto_

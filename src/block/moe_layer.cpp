@@ -142,6 +142,10 @@ class MoeLayer::Impl {
         routed_(plan_, routed_problem(plan_), routed_global_to_local(plan_)),
         shared_(make_shared_experts(plan_)),
         output_(stages_.output(plan_)) {
+    if (plan_.fusions.checks_in_router && checks_ &&
+        !router_->take_finite_checks(checks_->statuses_for_router())) {
+      fail(Errc::internal, "the plan gives the router the finite checks, which it cannot take");
+    }
     for (const Decision* d : plan_.fallbacks()) {
       log(LogLevel::warn, "layer {} runs with a fallback: {} {} ({})", plan_.spec.name, d->topic,
           *d->fallback, d->reason);
@@ -178,13 +182,18 @@ class MoeLayer::Impl {
     });
     if (shared_) shared_->start(ctx_, hidden);
     try {
-      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed);
+      // Plan::fusions.combine_to_output: the routed experts write the output, and no output
+      // stage runs (resolve fuses them only where nothing is added to the routed sum).
+      routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed,
+                      plan_.fusions.combine_to_output ? &output : nullptr);
     } catch (const Error&) {
       if (shared_) shared_->finish(ctx_);  // joins the overlapped form's thread
       throw;
     }
     const float* shared_out = shared_ ? shared_->finish(ctx_) : nullptr;
-    output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
+    if (!plan_.fusions.combine_to_output) {
+      output_->run(ctx_, arrays_.routed, shared_out, routed.shared_gate, output);
+    }
     if (routing != nullptr) report_routing(routed, hidden.dim(0), *routing);
   }
 

@@ -31,6 +31,9 @@ class FiniteChecks {
   virtual void run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
                    void* scratch) const = 0;
   virtual void report() = 0;
+  // Plan::fusions.checks_in_router: the device statuses the router records the checks into
+  // (the GPU's; run() then launches nothing). Null where the checks cannot be taken in.
+  virtual void* statuses_for_router() { return nullptr; }
 };
 
 // One batch's routing, in the router's scratch: logical ids and weights [T, top_k] (what
@@ -54,6 +57,9 @@ class RouterStage {
   virtual void load(const TensorView& correction_bias, const TensorView& shared_gate) = 0;
   virtual Routing run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
                       void* scratch) = 0;
+  // Plan::fusions.checks_in_router: run() also checks hidden and logits into these statuses
+  // (FiniteChecks::statuses_for_router). Whether a router can is its own: the GPU's can.
+  virtual bool take_finite_checks(void* /*statuses*/) { return false; }
 };
 
 // The shared experts computed apart from the routed ones, in the plan's block form: after them

@@ -32,6 +32,14 @@ struct ActivationRows {
 // slot -1 means the expert is not held here and the pair contributes nothing. The runner writes
 // the weighted sum over a token's pairs to `sum` [tokens, H] f32, which the dispatcher's
 // combine() returns to the token's rank and order.
+//
+// Two fusions the plan may decide (Plan::fusions), read only by the runner it decided them for
+// (the cuda core):
+// - map_in_sort: global_to_local is set; `slots` then holds global physical ids, which the
+//   runner maps through that table ([n_global] on the rows' device, -1 = not here; an id
+//   outside [0, n_global) is not here either) as it groups the entries;
+// - combine_to_output: output is set; the runner writes the weighted sum there, converted to
+//   output_dtype (the layer's output), instead of to `sum`.
 struct DispatchOutput {
   TensorView hidden;  // [tokens, H], f32/bf16/f16
   const int32_t* slots = nullptr;
@@ -39,6 +47,10 @@ struct DispatchOutput {
   int64_t tokens = 0;
   int columns = 0;
   float* sum = nullptr;
+  const int32_t* global_to_local = nullptr;
+  int n_global = 0;
+  void* output = nullptr;  // [tokens, H]
+  DType output_dtype = DType::f32;
 };
 
 // The contiguous format: rows grouped by slot, slot s owning rows [offsets[s], offsets[s+1]).

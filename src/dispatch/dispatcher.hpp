@@ -40,6 +40,9 @@ struct DispatcherProblem {
   QuantParams quant = WeightFormat::f32;
   int physical = 0;
   int per_rank = 0;
+  // Plan::fusions.map_in_sort: dispatch() leaves the global ids as they are and hands the runner
+  // the table (DispatchOutput::global_to_local); the GPU's standard dispatcher only.
+  bool map_in_runner = false;
 };
 
 class Dispatcher {

@@ -35,7 +35,8 @@ std::unique_ptr<Dispatcher> create_dispatcher(const Plan& plan, const ExpertsPro
        .wire = plan.a2a_wire,
        .quant = plan.quant,
        .physical = plan.location.physical,
-       .per_rank = plan.location.per_rank()});
+       .per_rank = plan.location.per_rank(),
+       .map_in_runner = plan.fusions.map_in_sort});
 }
 
 }  // namespace
@@ -59,11 +60,23 @@ void ExpertsLayer::set_input_scales(float w13, float w2) {
 }
 
 void ExpertsLayer::forward(const ExecContext& ctx, const TensorView& hidden,
-                           const int32_t* global_ids, const float* weights, float* combined) {
+                           const int32_t* global_ids, const float* weights, float* combined,
+                           const TensorView* output) {
   void* dispatch_scratch = scratch_.data();
   void* runner_scratch = static_cast<char*>(scratch_.data()) + dispatcher_->scratch_bytes();
-  const DispatchOutput dispatched =
+  DispatchOutput dispatched =
       dispatcher_->dispatch(ctx, hidden, global_ids, weights, combined, dispatch_scratch);
+  if (output != nullptr) {
+    // resolve fuses the output into the combine only where the dispatcher's combine moves
+    // nothing and the cuda core writes the sum.
+    if (dispatcher_->collective() || dispatched.sum != combined) {
+      fail(Errc::internal,
+           "the layer's output written by the runner, with a dispatcher whose "
+           "combine returns the sums");
+    }
+    dispatched.output = output->data;
+    dispatched.output_dtype = output->dtype;
+  }
   runner_.run(ctx, dispatched, quant_->apply(), runner_scratch);
   dispatcher_->combine(ctx, dispatched, combined, dispatch_scratch);
 }

@@ -627,6 +627,52 @@ void decide_runner_pipeline(Plan& plan) {
                             std::nullopt});
 }
 
+// The GPU's fusions of two stages into one kernel (Plan::fusions): each where the plan's other
+// choices allow it and fused ops are not off, recorded with its reason either way. The one place
+// that decides them; the stages read the plan.
+void decide_gpu_fusions(Plan& plan) {
+  if (plan.runner != RunnerKind::cuda || plan.fused_op) return;
+  const bool off = plan.options.fused_ops == FusedOps::off;
+  const auto record = [&](PlanLayer layer, const char* topic, bool& flag, const char* fused,
+                          const std::string& why_not) {
+    flag = !off && why_not.empty();
+    plan.decisions.push_back(
+        {layer,
+         topic,
+         flag ? "one kernel" : "two kernels",
+         flag ? std::string(fused) : (off ? std::string("fused ops are off") : why_not),
+         {},
+         std::nullopt});
+  };
+  GpuFusions& f = plan.fusions;
+  record(PlanLayer::block, "finite checks + router", f.checks_in_router,
+         "the router kernel checks hidden states and logits in blocks of its own beside the "
+         "routing ones",
+         plan.options.check_finite ? "" : "the finite checks are off");
+  record(PlanLayer::block, "router + logical -> physical", f.route_to_physical,
+         "the router kernel writes each token's physical ids and weights as it picks them",
+         plan.shared_slots > 0 && plan.spec.shared_gate
+             ? "the shared gate that weights the fused shared slots is a kernel of its own"
+             : "");
+  record(
+      PlanLayer::dispatcher, "map to local slots", f.map_in_sort,
+      "the runner's sort maps the global ids through the standard dispatcher's table as it "
+      "reads them",
+      plan.dispatcher != DispatcherKind::standard ? "the dispatcher is not the standard one" : "");
+  std::string output_why_not;
+  if (plan.shared_strategy != SharedStrategy::none) {
+    output_why_not = "the shared experts' output is added to the routed sum";
+  } else if (plan.comm != CommKind::none) {
+    output_why_not = "the routed sum is summed over the ranks before the output";
+  } else if (plan.dispatcher != DispatcherKind::standard) {
+    output_why_not = "the dispatcher's combine returns the sums";
+  }
+  record(PlanLayer::block, "output", f.combine_to_output,
+         "nothing is added to the routed sum: the routed experts' combine writes the layer's "
+         "output in its dtype",
+         output_why_not);
+}
+
 }  // namespace
 
 Plan resolve(const ModelSpec& spec, const Options& options, const Platform& platform) {
@@ -650,6 +696,7 @@ Plan resolve(const ModelSpec& spec, const Options& options, const Platform& plat
   decide_dispatcher(plan);
   decide_runner_pipeline(plan);
   decide_stages(plan);
+  decide_gpu_fusions(plan);
   return plan;
 }
 

@@ -3,6 +3,7 @@
 
 #include "block/cuda/block_kernels.hpp"
 #include "core/cuda_common.cuh"
+#include "core/cuda_finite.cuh"
 #include "core/cuda_launch.cuh"
 
 namespace moekit::block::cuda {
@@ -11,43 +12,14 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;  // grid-stride beyond this: enough to fill any GPU
 
-// An element is NaN or Inf exactly when its exponent bits are all ones.
-__device__ bool non_finite(const void* data, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::f32:
-      return (static_cast<const uint32_t*>(data)[i] & 0x7f800000u) == 0x7f800000u;
-    case DType::bf16:
-      return (static_cast<const uint16_t*>(data)[i] & 0x7f80u) == 0x7f80u;
-    default:
-      return (static_cast<const uint16_t*>(data)[i] & 0x7c00u) == 0x7c00u;
-  }
-}
-
-struct CheckedTensor {
-  const void* data;
-  DType dtype;
-  int64_t columns;
-  int64_t elements;
-  unsigned long long* first;
-};
+using cuda_finite::FiniteTensor;
 
 // Tensor 0's elements, then tensor 1's, in one grid-stride loop.
-__global__ void check_finite_kernel(CheckedTensor a, CheckedTensor b) {
+__global__ void check_finite_kernel(FiniteTensor a, FiniteTensor b) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
-  const int64_t n = a.elements + b.elements;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const bool in_a = i < a.elements;
-    const CheckedTensor& t = in_a ? a : b;
-    const int64_t at = in_a ? i : i - a.elements;
-    if (non_finite(t.data, t.dtype, at)) {
-      const auto row = static_cast<unsigned long long>(at / t.columns);
-      const auto column = static_cast<unsigned long long>(at % t.columns);
-      atomicMin(t.first, (row << 32) | column);
-    }
-  }
+  cuda_finite::check_elements(a, b, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                              static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 __global__ void shared_gate_kernel(const void* hidden, DType dtype, int64_t hidden_size,
@@ -79,7 +51,7 @@ void check_dtype(DType dtype, const char* kernel, const char* input) {
   }
 }
 
-CheckedTensor checked(const FiniteCheckArgs& args) {
+FiniteTensor checked(const FiniteCheckArgs& args) {
   check_dtype(args.dtype, "check_finite", "the tensor's");
   if (args.rows < 0 || args.columns < 0 || args.columns >= (int64_t{1} << 32) ||
       args.rows >= (int64_t{1} << 32)) {
@@ -93,7 +65,7 @@ CheckedTensor checked(const FiniteCheckArgs& args) {
   return {args.data, args.dtype, args.columns, n, n > 0 ? &args.status->first : nullptr};
 }
 
-void launch_check(const CheckedTensor& a, const CheckedTensor& b, cudaStream_t stream) {
+void launch_check(const FiniteTensor& a, const FiniteTensor& b, cudaStream_t stream) {
   const int64_t n = a.elements + b.elements;
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>(cuda_common::blocks_for(n, kThreads), kMaxBlocks);
@@ -116,12 +88,17 @@ void reset_finite_status(FiniteStatus* status, int count, cudaStream_t stream) {
 }
 
 void check_finite(const FiniteCheckArgs& args, cudaStream_t stream) {
-  launch_check(checked(args), CheckedTensor{nullptr, DType::f32, 1, 0, nullptr}, stream);
+  launch_check(checked(args), FiniteTensor{}, stream);
 }
 
 void check_finite(const FiniteCheckArgs& first, const FiniteCheckArgs& second,
                   cudaStream_t stream) {
   launch_check(checked(first), checked(second), stream);
+}
+
+std::array<cuda_finite::FiniteTensor, 2> finite_check_tensors(const FiniteCheckArgs& first,
+                                                              const FiniteCheckArgs& second) {
+  return {checked(first), checked(second)};
 }
 
 void shared_gate(const SharedGateArgs& args, cudaStream_t stream) {

@@ -5,8 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 
+#include "core/cuda_finite.hpp"
 #include "moekit/dtype.hpp"
 
 namespace moekit::block::cuda {
@@ -58,6 +60,11 @@ void check_finite(const FiniteCheckArgs& args, cudaStream_t stream);
 // The same for two tensors (a forward's hidden states and logits), in one launch: at small
 // batches the launch, not the reading, is the cost.
 void check_finite(const FiniteCheckArgs& first, const FiniteCheckArgs& second, cudaStream_t stream);
+
+// The same two checks as arguments for a kernel that runs them itself (the router kernel, where
+// the plan gives it the checks: Plan::fusions.checks_in_router), after the same argument checks.
+std::array<cuda_finite::FiniteTensor, 2> finite_check_tensors(const FiniteCheckArgs& first,
+                                                              const FiniteCheckArgs& second);
 
 struct SharedGateArgs {
   const void* hidden = nullptr;  // [tokens, hidden_size]

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <array>
+
 #include "block/cuda/block_kernels.hpp"
 #include "block/cuda/output_kernels.hpp"
 #include "block/router_weights.hpp"
@@ -27,12 +29,19 @@ Tensor to_device(const std::vector<T>& values, DType dtype, Device device) {
   return t;
 }
 
+// The check of a [rows, columns] tensor into `status`.
+block::cuda::FiniteCheckArgs finite_args(const TensorView& t, block::cuda::FiniteStatus* status) {
+  return {
+      .data = t.data, .dtype = t.dtype, .rows = t.dim(0), .columns = t.dim(1), .status = status};
+}
+
 class CudaFiniteChecks final : public FiniteChecks {
  public:
   explicit CudaFiniteChecks(const Plan& plan)
       : status_(Tensor::empty(DType::i8,
                               {static_cast<int64_t>(2 * sizeof(block::cuda::FiniteStatus))},
-                              plan.options.device)) {
+                              plan.options.device)),
+        in_router_(plan.fusions.checks_in_router) {
     reset();
   }
 
@@ -40,8 +49,12 @@ class CudaFiniteChecks final : public FiniteChecks {
 
   void run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
            void*) const override {
-    block::cuda::check_finite(args(hidden, 0), args(logits, 1), ctx.stream);
+    if (in_router_) return;  // Plan::fusions.checks_in_router: the router kernel checks
+    block::cuda::check_finite(finite_args(hidden, statuses()), finite_args(logits, statuses() + 1),
+                              ctx.stream);
   }
+
+  void* statuses_for_router() override { return in_router_ ? statuses() : nullptr; }
 
   void report() override {
     block::cuda::FiniteStatus found[2];
@@ -61,25 +74,27 @@ class CudaFiniteChecks final : public FiniteChecks {
   block::cuda::FiniteStatus* statuses() const {
     return static_cast<block::cuda::FiniteStatus*>(status_.view().data);
   }
-  block::cuda::FiniteCheckArgs args(const TensorView& t, int which) const {
-    return {.data = t.data,
-            .dtype = t.dtype,
-            .rows = t.dim(0),
-            .columns = t.dim(1),
-            .status = statuses() + which};
-  }
   void reset() {
     block::cuda::reset_finite_status(statuses(), 2, nullptr);
     synchronize_stream(nullptr);
   }
 
   Tensor status_;  // two FiniteStatus: hidden_states, router_logits
+  bool in_router_;
 };
 
 class CudaRouterStage final : public RouterStage {
  public:
   explicit CudaRouterStage(const Plan& plan)
-      : plan_(plan), top_k_(plan.spec.routing.top_k), columns_(top_k_ + plan.shared_slots) {
+      : plan_(plan),
+        top_k_(plan.spec.routing.top_k),
+        columns_(top_k_ + plan.shared_slots),
+        fused_(plan.fusions.route_to_physical) {
+    if (fused_ && plan.spec.shared_gate && plan.shared_slots > 0) {
+      fail(Errc::internal,
+           "a plan fuses logical -> physical into the router, but a shared gate "
+           "weights its fused shared slots");
+    }
     std::vector<int32_t> table;
     for (const std::vector<int>& rank : plan.location.rank_table) {
       table.insert(table.end(), rank.begin(), rank.end());
@@ -108,12 +123,39 @@ class CudaRouterStage final : public RouterStage {
     }
   }
 
+  bool take_finite_checks(void* statuses) override {
+    checks_ = static_cast<block::cuda::FiniteStatus*>(statuses);
+    return checks_ != nullptr;
+  }
+
   Routing run(const ExecContext& ctx, const TensorView& hidden, const TensorView& logits,
               void* scratch) override {
     ScratchCarver carver(scratch);
     const Arrays a = carve(carver);
     const int64_t T = hidden.dim(0);
     const ModelSpec& spec = plan_.spec;
+    // Plan::fusions.checks_in_router: the router kernel checks both inputs beside the routing.
+    std::array<cuda_finite::FiniteTensor, 2> checks{};
+    if (checks_ != nullptr) {
+      checks = block::cuda::finite_check_tensors(finite_args(hidden, checks_),
+                                                 finite_args(logits, checks_ + 1));
+    }
+    const routing::cuda::ToPhysicalArgs physical{
+        .logical_ids = a.logical_ids,
+        .logical_weights = a.logical_weights,
+        .tokens = T,
+        .top_k = top_k_,
+        .rank_table = rank_table_.data<int32_t>(),
+        .n_logical = spec.n_experts,
+        .ep_size = plan_.location.ep_size,
+        .shared_slots = plan_.shared_slots,
+        .first_shared_id = plan_.location.physical,
+        .shared_slot_weight = plan_.shared_slot_weight,
+        .shared_gate = spec.shared_gate && !fused_ ? a.shared_gate : nullptr,
+        .ids = a.physical_ids,
+        .weights = a.physical_weights};
+    // Plan::fusions.route_to_physical: one kernel picks the experts and writes their physical
+    // ids (resolve allows it only where no shared gate weights fused shared slots).
     routing::cuda::route(
         {.logits = logits.data,
          .logits_dtype = logits.dtype,
@@ -122,7 +164,10 @@ class CudaRouterStage final : public RouterStage {
          .spec = spec.routing,
          .correction_bias = spec.routing.correction_bias ? bias_.data<float>() : nullptr,
          .ids = a.logical_ids,
-         .weights = a.logical_weights},
+         .weights = a.logical_weights,
+         .physical = fused_ ? &physical : nullptr,
+         .check_first = checks[0],
+         .check_second = checks[1]},
         ctx.stream);
     if (spec.shared_gate) {
       block::cuda::shared_gate({.hidden = hidden.data,
@@ -133,20 +178,7 @@ class CudaRouterStage final : public RouterStage {
                                 .out = a.shared_gate},
                                ctx.stream);
     }
-    routing::cuda::to_physical({.logical_ids = a.logical_ids,
-                                .logical_weights = a.logical_weights,
-                                .tokens = T,
-                                .top_k = top_k_,
-                                .rank_table = rank_table_.data<int32_t>(),
-                                .n_logical = spec.n_experts,
-                                .ep_size = plan_.location.ep_size,
-                                .shared_slots = plan_.shared_slots,
-                                .first_shared_id = plan_.location.physical,
-                                .shared_slot_weight = plan_.shared_slot_weight,
-                                .shared_gate = spec.shared_gate ? a.shared_gate : nullptr,
-                                .ids = a.physical_ids,
-                                .weights = a.physical_weights},
-                               ctx.stream);
+    if (!fused_) routing::cuda::to_physical(physical, ctx.stream);
     return {a.logical_ids, a.logical_weights, a.physical_ids, a.physical_weights,
             spec.shared_gate ? a.shared_gate : nullptr};
   }
@@ -169,6 +201,9 @@ class CudaRouterStage final : public RouterStage {
   const Plan& plan_;
   int top_k_;
   int columns_;
+  bool fused_;  // Plan::fusions.route_to_physical
+  // Plan::fusions.checks_in_router: hidden_states' and router_logits' statuses; null: none.
+  block::cuda::FiniteStatus* checks_ = nullptr;
   Tensor rank_table_;  // [ep_size, E] int32
   Tensor bias_;        // [E] f32
   Tensor gate_;        // [H] f32

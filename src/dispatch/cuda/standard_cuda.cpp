@@ -1,7 +1,9 @@
 // The standard dispatcher on a GPU: the same map as standard.cpp, as a kernel on the caller's
-// stream over a device copy of the table. In the reduce form (a communicator of device buffers,
-// NCCL) it agrees with the other ranks first, through device copies of the (status, tokens)
-// pairs, and combine() sums the partial outputs over the ranks on the layer's stream.
+// stream over a device copy of the table, or, where the plan fuses the map into the runner's
+// sort (Plan::fusions.map_in_sort), the table handed on with the global ids. In the reduce form (a
+// communicator of device buffers, NCCL) it agrees with the other ranks first, through device copies
+// of the (status, tokens) pairs, and combine() sums the partial outputs over the ranks on the
+// layer's stream.
 
 #include <cuda_runtime_api.h>
 
@@ -47,9 +49,21 @@ class CudaStandardDispatcher final : public Dispatcher {
     }
     const StandardScratch a = carve_at(scratch);
     if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
+    const int n_global = static_cast<int>(p_.global_to_local.size());
+    if (p_.map_in_runner) {
+      // Plan::fusions.map_in_sort: the runner's sort reads the table.
+      return {.hidden = hidden,
+              .slots = global_ids,
+              .weights = weights,
+              .tokens = hidden.dim(0),
+              .columns = p_.columns,
+              .sum = combined,
+              .global_to_local = table_.data<int32_t>(),
+              .n_global = n_global};
+    }
     dispatch::cuda::map_to_local({.global_ids = global_ids,
                                   .global_to_local = table_.data<int32_t>(),
-                                  .n_global = static_cast<int>(p_.global_to_local.size()),
+                                  .n_global = n_global,
                                   .entries = entries,
                                   .local_ids = a.local_ids},
                                  ctx.stream);

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/cuda_common.cuh"
+#include "core/cuda_finite.cuh"
 #include "core/cuda_launch.cuh"
 #include "routing/cuda/route.hpp"
 
@@ -37,6 +38,19 @@ struct RouteParams {
   int32_t* ids;
   float* weights;
   int warp_bytes;  // shared memory per warp
+  // The physical columns in the same launch (RouteArgs::physical); physical_ids null: none.
+  const int32_t* rank_table;
+  int ep_size;
+  int columns;  // top_k + fused shared slots
+  int first_shared_id;
+  float shared_slot_weight;
+  int32_t* physical_ids;
+  float* physical_weights;
+  // The finite checks in the same launch (RouteArgs::check_first/second): blocks from
+  // route_blocks on run them.
+  unsigned route_blocks;
+  cuda_finite::FiniteTensor check_first;
+  cuda_finite::FiniteTensor check_second;
 };
 
 // (a_value, a_id) is ranked ahead of the best so far (b_value, b_id): higher value, ties to the
@@ -102,6 +116,13 @@ __device__ unsigned order_key(float value) {
 __global__ void route_kernel(RouteParams p) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
+  if (blockIdx.x >= p.route_blocks) {
+    const unsigned block = blockIdx.x - p.route_blocks, blocks = gridDim.x - p.route_blocks;
+    cuda_finite::check_elements(p.check_first, p.check_second,
+                                static_cast<int64_t>(block) * blockDim.x + threadIdx.x,
+                                static_cast<int64_t>(blocks) * blockDim.x);
+    return;
+  }
   extern __shared__ __align__(16) unsigned char shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
@@ -192,9 +213,22 @@ __global__ void route_kernel(RouteParams p) {
   // Scores are never negative, so a zero sum means every routed score underflowed; dividing
   // would turn those zero weights into NaN.
   if (p.renormalize && sum > 0.0f) weight /= sum;
+  const float scaled = weight * p.scaling;
   if (routed) {
     p.ids[t * p.top_k + lane] = my_id;
-    p.weights[t * p.top_k + lane] = weight * p.scaling;
+    p.weights[t * p.top_k + lane] = scaled;
+  }
+  if (p.physical_ids == nullptr) return;
+  // As to_physical_kernel computes them, from the same values.
+  if (routed) {
+    const int64_t source_rank = t * p.ep_size / p.tokens;
+    p.physical_ids[t * p.columns + lane] =
+        my_id >= 0 && my_id < n ? p.rank_table[source_rank * n + my_id] : -1;
+    p.physical_weights[t * p.columns + lane] = scaled;
+  }
+  for (int c = p.top_k + lane; c < p.columns; c += 32) {
+    p.physical_ids[t * p.columns + c] = p.first_shared_id + (c - p.top_k);
+    p.physical_weights[t * p.columns + c] = p.shared_slot_weight * 1.0f;
   }
 }
 
@@ -257,6 +291,21 @@ void check_grouping(const RoutingSpec& spec, int n) {
   }
 }
 
+void check_physical(const ToPhysicalArgs& args) {
+  if (args.tokens < 0 || args.top_k < 1 || args.shared_slots < 0 || args.ep_size < 1 ||
+      args.n_logical < 1) {
+    cuda_errors::invalid_argument("to_physical: bad sizes (tokens " + str(args.tokens) +
+                                  ", top_k " + str(args.top_k) + ", shared_slots " +
+                                  str(args.shared_slots) + ", ep_size " + str(args.ep_size) +
+                                  ", n_logical " + str(args.n_logical) + ")");
+  }
+  if (args.tokens == 0) return;
+  if (args.logical_ids == nullptr || args.logical_weights == nullptr ||
+      args.rank_table == nullptr || args.ids == nullptr || args.weights == nullptr) {
+    cuda_errors::invalid_argument("to_physical: ids, weights and rank_table must not be null");
+  }
+}
+
 }  // namespace
 
 void route(const RouteArgs& args, cudaStream_t stream) {
@@ -293,7 +342,33 @@ void route(const RouteArgs& args, cudaStream_t stream) {
                                   str(warp_bytes) + " bytes per token) than the GPU " +
                                   "router uses (" + str(kSharedLimit) + ")");
   }
+  const ToPhysicalArgs* physical = args.physical;
+  if (physical != nullptr) {
+    check_physical(*physical);
+    if (physical->logical_ids != args.ids || physical->logical_weights != args.weights ||
+        physical->tokens != args.tokens || physical->top_k != spec.top_k ||
+        physical->n_logical != n || physical->shared_gate != nullptr) {
+      cuda_errors::invalid_argument(
+          "route: the physical columns must map this call's ids and weights (tokens, top_k, "
+          "n_experts alike) and take no shared gate");
+    }
+  }
   const int warps = std::min(kMaxWarpsPerBlock, kSharedLimit / warp_bytes);
+  const unsigned route_blocks = cuda_common::blocks_for(args.tokens, warps);
+  // The checks' blocks: as many as their elements need, up to as many threads as the check
+  // kernel's grid has (4096 blocks of 256), grid-stride beyond.
+  const int64_t to_check = args.check_first.elements + args.check_second.elements;
+  for (const cuda_finite::FiniteTensor* c : {&args.check_first, &args.check_second}) {
+    if (c->elements < 0 ||
+        (c->elements > 0 && (c->data == nullptr || c->first == nullptr || c->columns < 1))) {
+      cuda_errors::invalid_argument("route: a finite check needs data, a status and columns");
+    }
+  }
+  const unsigned check_blocks =
+      to_check == 0
+          ? 0u
+          : static_cast<unsigned>(std::min<int64_t>(cuda_common::blocks_for(to_check, warps * 32),
+                                                    int64_t{4096} * 256 / (warps * 32)));
   const RouteParams params{args.logits,
                            args.logits_dtype,
                            args.tokens,
@@ -308,25 +383,25 @@ void route(const RouteArgs& args, cudaStream_t stream) {
                            args.correction_bias,
                            args.ids,
                            args.weights,
-                           warp_bytes};
-  cuda_launch::launch(route_kernel, cuda_common::blocks_for(args.tokens, warps), warps * 32,
-                      warp_bytes * warps, stream, params);
+                           warp_bytes,
+                           physical ? physical->rank_table : nullptr,
+                           physical ? physical->ep_size : 1,
+                           physical ? physical->top_k + physical->shared_slots : spec.top_k,
+                           physical ? physical->first_shared_id : 0,
+                           physical ? physical->shared_slot_weight : 1.0f,
+                           physical ? physical->ids : nullptr,
+                           physical ? physical->weights : nullptr,
+                           route_blocks,
+                           args.check_first,
+                           args.check_second};
+  cuda_launch::launch(route_kernel, route_blocks + check_blocks, warps * 32, warp_bytes * warps,
+                      stream, params);
   cuda_common::check_launch("route");
 }
 
 void to_physical(const ToPhysicalArgs& args, cudaStream_t stream) {
-  if (args.tokens < 0 || args.top_k < 1 || args.shared_slots < 0 || args.ep_size < 1 ||
-      args.n_logical < 1) {
-    cuda_errors::invalid_argument("to_physical: bad sizes (tokens " + str(args.tokens) +
-                                  ", top_k " + str(args.top_k) + ", shared_slots " +
-                                  str(args.shared_slots) + ", ep_size " + str(args.ep_size) +
-                                  ", n_logical " + str(args.n_logical) + ")");
-  }
+  check_physical(args);
   if (args.tokens == 0) return;
-  if (args.logical_ids == nullptr || args.logical_weights == nullptr ||
-      args.rank_table == nullptr || args.ids == nullptr || args.weights == nullptr) {
-    cuda_errors::invalid_argument("to_physical: ids, weights and rank_table must not be null");
-  }
   const int columns = args.top_k + args.shared_slots;
   const PhysicalParams params{
       args.logical_ids,     args.logical_weights,    args.tokens,      args.top_k,

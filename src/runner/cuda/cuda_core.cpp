@@ -3,6 +3,7 @@
 // everything enqueued on the caller's stream:
 //   sort entries by slot (counts, offsets, each row's entry, each entry's row)
 //   -> gather the rows grouped by slot, converted to the weights' dtype or quantised to e4m3
+//      (the two in one launch for a decode step's few entries)
 //   -> GEMM1 + activation -> (fp8: re-quantise the activations) -> GEMM2
 //   -> combine: each token's rows times their routing weights, summed in column order.
 // No host synchronisation, no allocation, no float atomics: capturable in a CUDA graph, and the
@@ -64,37 +65,41 @@ class CudaCore final : public RunnerCore {
     const Arrays a = carve(carver);
     const int64_t H = p_.hidden, I = p_.intermediate;
     const int64_t entries = in.tokens * in.columns;
-    runner::cuda::sort_by_slot({.ids = in.slots,
-                                .tokens = in.tokens,
-                                .columns = in.columns,
-                                .n_slots = p_.slots,
-                                .tile = 1,
-                                .capacity = 0,
-                                .counts = a.counts,
-                                .offsets = a.offsets,
-                                .row_source = a.row_source,
-                                .entry_row = a.entry_row,
-                                .scratch = a.sort_scratch},
-                               stream);
+    // Plan::fusions.map_in_sort: the entries are global ids and the sort maps them to slots.
+    const runner::cuda::SortArgs sort{.ids = in.slots,
+                                      .global_to_local = in.global_to_local,
+                                      .n_global = in.n_global,
+                                      .tokens = in.tokens,
+                                      .columns = in.columns,
+                                      .n_slots = p_.slots,
+                                      .tile = 1,
+                                      .capacity = 0,
+                                      .counts = a.counts,
+                                      .offsets = a.offsets,
+                                      .row_source = a.row_source,
+                                      .entry_row = a.entry_row,
+                                      .scratch = a.sort_scratch};
     const int64_t rows = sort_max_rows(entries, p_.slots, 1, 0);
     const int64_t x_group = scale_group(p_.quant, H);
-    runner::cuda::gather_rows({.hidden = in.hidden.data,
-                               .hidden_dtype = in.hidden.dtype,
-                               .tokens = in.tokens,
-                               .hidden_size = H,
-                               .columns = in.columns,
-                               .row_source = a.row_source,
-                               .offsets = a.offsets,
-                               .counts = a.counts,
-                               .n_slots = p_.slots,
-                               .capacity = 0,
-                               .max_rows = rows,
-                               .rows = a.x,
-                               .rows_dtype = dtype_,
-                               .scales = fp8_ && !static_ ? a.x_scales : nullptr,
-                               .quant_group = static_cast<int>(x_group),
-                               .static_scale = static_ ? w.device_input_scales : nullptr},
-                              stream);
+    const runner::cuda::GatherArgs gather{
+        .hidden = in.hidden.data,
+        .hidden_dtype = in.hidden.dtype,
+        .tokens = in.tokens,
+        .hidden_size = H,
+        .columns = in.columns,
+        .row_source = a.row_source,
+        .offsets = a.offsets,
+        .counts = a.counts,
+        .n_slots = p_.slots,
+        .capacity = 0,
+        .max_rows = rows,
+        .rows = a.x,
+        .rows_dtype = dtype_,
+        .scales = fp8_ && !static_ ? a.x_scales : nullptr,
+        .quant_group = static_cast<int>(x_group),
+        .static_scale = static_ ? w.device_input_scales : nullptr};
+    // One launch for a decode step's few entries, two otherwise (permute.hpp).
+    runner::cuda::sort_and_gather(sort, gather, stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(c);
     const int activation_block_cols =
@@ -149,6 +154,9 @@ class CudaCore final : public RunnerCore {
          .out = a.out,
          .choice = choice},
         stream);
+    // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
+    // to its dtype as the output stage would have converted it.
+    const bool to_output = in.output != nullptr;
     runner::cuda::combine({.rows = a.out,
                            .rows_dtype = DType::f32,
                            .entry_row = a.entry_row,
@@ -157,8 +165,8 @@ class CudaCore final : public RunnerCore {
                            .tokens = in.tokens,
                            .columns = in.columns,
                            .hidden_size = H,
-                           .output = in.sum,
-                           .output_dtype = DType::f32},
+                           .output = to_output ? in.output : in.sum,
+                           .output_dtype = to_output ? in.output_dtype : DType::f32},
                           stream);
   }
 

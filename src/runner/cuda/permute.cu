@@ -20,6 +20,7 @@ namespace {
 using cuda_common::kFullMask;
 
 constexpr int64_t kSmallEntries = 8192;  // sorted by one block
+constexpr int kTinyEntries = 32;         // sorted by one warp, in the gather's launch
 constexpr int kChunkEntries = 512;       // per warp in the chunked sort
 constexpr int kChunkWarps = 8;           // warps (chunks) per block
 constexpr int kSharedLimit = 48 * 1024;
@@ -275,17 +276,10 @@ __device__ void load_piece(const GatherParams& p, int64_t index, int64_t c, floa
 // quantize_activation_row's std::max ignores it), and a second pass, from the L1, divides by
 // the scale (IEEE), rounds to nearest even and saturates to +-448; a static scale needs only
 // the second pass.
-__global__ void gather_kernel(GatherParams p) {
-  cuda_launch::wait_for_inputs();
-  cuda_launch::release_dependents();
-  extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
-  const int64_t r = blockIdx.x;
-  if (p.capacity > 0) {
-    if (r % p.capacity >= p.counts[r / p.capacity]) return;
-  } else if (r >= p.offsets[p.n_slots]) {
-    return;
-  }
-  const int32_t entry = p.row_source[r];
+// Row r of the grouped layout from entry `entry` (-1: a padding row of zeros), by the whole
+// block (kGatherThreads threads; every thread calls it).
+__device__ void gather_row(const GatherParams& p, int64_t r, int32_t entry,
+                           unsigned int* group_amax) {
   const int64_t H = p.hidden_size;
   const int64_t source = entry >= 0 ? static_cast<int64_t>(entry / p.columns) * H : -1;
   const int64_t pieces = (H + kPiece - 1) / kPiece;
@@ -377,6 +371,73 @@ __global__ void gather_kernel(GatherParams p) {
       for (int i = 0; i < kPiece && c + i < H; ++i) out[c + i] = codes[i];
     }
   }
+}
+
+__global__ void gather_kernel(GatherParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
+  extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
+  const int64_t r = blockIdx.x;
+  if (p.capacity > 0) {
+    if (r % p.capacity >= p.counts[r / p.capacity]) return;
+  } else if (r >= p.offsets[p.n_slots]) {
+    return;
+  }
+  gather_row(p, r, p.row_source[r], group_amax);
+}
+
+// sort_by_slot then gather_rows for a batch of at most kTinyEntries entries, contiguous layout,
+// tile 1: block r first sorts every entry with one warp (an entry's row is the number of entries
+// here with a lower slot plus the earlier entries with its slot: the row sort_small_kernel
+// places it in), block 0 writes the sort's outputs as sort_by_slot does, and block r gathers
+// row r as gather_kernel does. One launch instead of two; each block's sort is 32 steps of a
+// warp.
+__global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
+  extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
+  __shared__ int slot_of_entry[kTinyEntries];
+  __shared__ int row_of_entry[kTinyEntries];
+  __shared__ int rows_used;
+  const int entries = static_cast<int>(s.entries);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const int slot = lane < entries ? slot_of(s, lane) : -1;
+    int row = 0, used = 0;
+    for (int j = 0; j < entries; ++j) {
+      const int other = __shfl_sync(kFullMask, slot, j);
+      if (other < 0) continue;
+      ++used;
+      if (other < slot || (other == slot && j < lane)) ++row;
+    }
+    slot_of_entry[lane] = slot;
+    row_of_entry[lane] = slot >= 0 ? row : -1;
+    if (lane == 0) rows_used = used;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+      s.entry_row[e] = row_of_entry[e];
+      if (row_of_entry[e] >= 0) s.row_source[row_of_entry[e]] = e;
+    }
+    for (int slot = threadIdx.x; slot < s.n_slots; slot += blockDim.x) {
+      int count = 0, before = 0;
+      for (int e = 0; e < entries; ++e) {
+        count += slot_of_entry[e] == slot;
+        before += slot_of_entry[e] >= 0 && slot_of_entry[e] < slot;
+      }
+      s.counts[slot] = count;
+      s.offsets[slot] = before;
+    }
+    if (threadIdx.x == 0) s.offsets[s.n_slots] = rows_used;
+  }
+  const int r = static_cast<int>(blockIdx.x);
+  if (r >= rows_used) return;
+  int entry = -1;
+  for (int e = 0; e < entries; ++e) {
+    if (row_of_entry[e] == r) entry = e;
+  }
+  gather_row(p, r, entry, group_amax);
 }
 
 struct CombineParams {
@@ -476,7 +537,10 @@ int64_t sort_scratch_bytes(int64_t entries, int n_slots) {
   return chunk_count(entries) * n_slots * static_cast<int64_t>(sizeof(int));
 }
 
-void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
+namespace {
+
+// sort_by_slot's argument checks; its kernels' parameters.
+SortParams checked_sort(const SortArgs& args) {
   const int64_t entries = args.tokens * args.columns;
   if (args.tokens < 0 || args.columns < 1 || args.n_slots < 1 || args.tile < 1 ||
       args.capacity < 0) {
@@ -510,9 +574,17 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
       (max_rows > 0 && args.row_source == nullptr)) {
     cuda_errors::invalid_argument("sort_by_slot: ids and the outputs must not be null");
   }
-  const SortParams p{
-      args.ids,      args.global_to_local, args.n_global, entries,         args.n_slots,  args.tile,
-      args.capacity, args.counts,          args.offsets,  args.row_source, args.entry_row};
+  return {args.ids,      args.global_to_local, args.n_global, entries,      args.n_slots,
+          args.tile,     args.capacity,        args.counts,   args.offsets, args.row_source,
+          args.entry_row};
+}
+
+}  // namespace
+
+void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
+  const SortParams p = checked_sort(args);
+  const int64_t entries = p.entries;
+  const int64_t slot_bytes = int64_t{args.n_slots} * static_cast<int64_t>(sizeof(int));
   const auto shared = static_cast<size_t>(slot_bytes);
   if (entries <= kSmallEntries) {
     // As many placing warps (up to the block's 32) as have a histogram in shared memory.
@@ -539,7 +611,17 @@ void sort_by_slot(const SortArgs& args, cudaStream_t stream) {
   cuda_common::check_launch("sort_by_slot");
 }
 
-void gather_rows(const GatherArgs& args, cudaStream_t stream) {
+namespace {
+
+// gather_rows's argument checks; its kernel's parameters and shared memory. `empty`: nothing to
+// gather (no tokens or no rows).
+struct GatherLaunch {
+  GatherParams p;
+  size_t shared;
+  bool empty;
+};
+
+GatherLaunch checked_gather(const GatherArgs& args) {
   check_activation(args.hidden_dtype, "gather_rows", "hidden_states");
   const DType out = args.rows_dtype;
   if (out != DType::bf16 && out != DType::f16 && out != DType::f8e4m3) {
@@ -553,7 +635,7 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
         ", columns " + str(args.columns) + ", slots " + str(args.n_slots) + ", max_rows " +
         str(args.max_rows) + ", quant_group " + str(args.quant_group) + ")");
   }
-  if (args.tokens == 0 || args.max_rows == 0) return;
+  if (args.tokens == 0 || args.max_rows == 0) return {{}, 0, true};
   if (args.hidden == nullptr || args.row_source == nullptr || args.offsets == nullptr ||
       args.counts == nullptr || args.rows == nullptr ||
       (out == DType::f8e4m3 && args.scales == nullptr && args.static_scale == nullptr)) {
@@ -587,9 +669,43 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
     cuda_errors::invalid_argument("gather_rows: " + str(groups) + " e4m3 groups per row are more " +
                                   "than the GPU gather holds");
   }
-  cuda_launch::launch(gather_kernel, static_cast<unsigned>(args.max_rows), kGatherThreads, shared,
-                      stream, p);
+  return {p, shared, false};
+}
+
+}  // namespace
+
+void gather_rows(const GatherArgs& args, cudaStream_t stream) {
+  const GatherLaunch g = checked_gather(args);
+  if (g.empty) return;
+  cuda_launch::launch(gather_kernel, static_cast<unsigned>(args.max_rows), kGatherThreads, g.shared,
+                      stream, g.p);
   cuda_common::check_launch("gather_rows");
+}
+
+void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream) {
+  if (gather.row_source != sort.row_source || gather.offsets != sort.offsets ||
+      gather.counts != sort.counts || gather.tokens != sort.tokens ||
+      gather.columns != sort.columns || gather.n_slots != sort.n_slots ||
+      gather.capacity != sort.capacity) {
+    cuda_errors::invalid_argument(
+        "sort_and_gather: the gather must read the sort's outputs, of the same batch and layout");
+  }
+  const int64_t entries = sort.tokens * sort.columns;
+  if (entries < 1 || entries > kTinyEntries || sort.tile != 1 || sort.capacity != 0) {
+    sort_by_slot(sort, stream);
+    gather_rows(gather, stream);
+    return;
+  }
+  const SortParams s = checked_sort(sort);
+  const GatherLaunch g = checked_gather(gather);
+  if (gather.max_rows < entries) {
+    cuda_errors::invalid_argument("sort_and_gather: max_rows " + str(gather.max_rows) +
+                                  " is below the layout's " + str(entries) + " rows");
+  }
+  // One block per row the layout can hold (tile 1: one per entry).
+  cuda_launch::launch(sort_gather_tiny_kernel, static_cast<unsigned>(entries), kGatherThreads,
+                      g.shared, stream, s, g.p);
+  cuda_common::check_launch("sort_and_gather");
 }
 
 void combine(const CombineArgs& args, cudaStream_t stream) {

@@ -73,6 +73,13 @@ struct GatherArgs {
 
 void gather_rows(const GatherArgs& args, cudaStream_t stream);
 
+// sort_by_slot(sort) then gather_rows(gather), the gather reading the sort's outputs (the same
+// row_source, offsets and counts, batch and layout): one launch where the batch is tiny (1 to 32
+// entries in the contiguous layout with tile 1, as a decode step's top-k is), where every block
+// sorts the few entries with one warp and gathers its own row; the two launches otherwise. The
+// same outputs either way.
+void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream);
+
 struct CombineArgs {
   // [rows, hidden_size]: GEMM2's output in the grouped layout, f32, bf16 or f16.
   const void* rows = nullptr;
