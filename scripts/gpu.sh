@@ -20,6 +20,8 @@
 #   MOEKIT_SANITIZE_GPU  0 skips compute-sanitizer (default 1)
 #   MOEKIT_SANITIZER_FILTER  the small cases compute-sanitizer runs
 #   MOEKIT_GPU_BENCH     0 skips the benchmark hook (default 1)
+#   MOEKIT_GPU_TESTS     0 skips the GPU tests and compute-sanitizer and builds only the moekit
+#                        command: a benchmark-only call, for a device session split in two
 #
 # Hook for the benchmark: an executable bench/cuda/run.sh is run last as
 # `bench/cuda/run.sh BUILD_DIR OUT_DIR`; it writes its own JSON under OUT_DIR (at most 2 files:
@@ -53,10 +55,13 @@ if [ -n "${MOEKIT_DEBS:-}" ]; then
   export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
-echo "== configure and build ($jobs jobs)"
+run_tests=${MOEKIT_GPU_TESTS:-1}
+build_target=moekit_tests
+[ "$run_tests" = 0 ] && build_target=moekit
+echo "== configure and build ($jobs jobs, $build_target)"
 start=$(date +%s)
 if cmake -S . -B "$build" "${cmake_flags[@]}" >"$out/build.log" 2>&1 &&
-  cmake --build "$build" -j "$jobs" --target moekit_tests >>"$out/build.log" 2>&1; then
+  cmake --build "$build" -j "$jobs" --target "$build_target" >>"$out/build.log" 2>&1; then
   row build ok "$(($(date +%s) - start)) s, nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 else
   tail -n 40 "$out/build.log"
@@ -96,12 +101,13 @@ else
   row nccl absent "no libnccl.so.2 found: the CudaNccl tests will skip"
 fi
 
-echo "== GPU tests"
-filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
-"$tests" --gtest_filter="$filter" --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
-test_rc=$?
-grep -E '^\[  (FAILED|SKIPPED) \] [^ ]+$' "$out/gpu_tests.log" | sort -u | head -n 40
-summary=$(python3 - "$out/gpu_tests.json" <<'PY'
+if [ "$run_tests" != 0 ]; then
+  echo "== GPU tests"
+  filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
+  "$tests" --gtest_filter="$filter" --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
+  test_rc=$?
+  grep -E '^\[  (FAILED|SKIPPED) \] [^ ]+$' "$out/gpu_tests.log" | sort -u | head -n 40
+  summary=$(python3 - "$out/gpu_tests.json" <<'PY'
 import json, sys
 try:
     report = json.load(open(sys.argv[1]))
@@ -118,47 +124,50 @@ for suite in report.get("testsuites", []):
             failed += 1 if case.get("failures") else 0
 print(ran, skipped, failed, "ok")
 PY
-)
-read -r ran skipped failed report <<<"$summary"
-if [ "$report" != ok ]; then
-  row "gpu tests" FAILED "no gtest report (exit $test_rc): see gpu_tests.log"
-  status=1
-elif [ "$test_rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$ran" -eq 0 ]; then
-  row "gpu tests" FAILED "$((ran - failed)) passed, $failed failed, $skipped skipped (a GPU test must not skip here)"
-  status=1
-else
-  row "gpu tests" ok "$ran passed, 0 skipped"
-fi
+  )
+  read -r ran skipped failed report <<<"$summary"
+  if [ "$report" != ok ]; then
+    row "gpu tests" FAILED "no gtest report (exit $test_rc): see gpu_tests.log"
+    status=1
+  elif [ "$test_rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$ran" -eq 0 ]; then
+    row "gpu tests" FAILED "$((ran - failed)) passed, $failed failed, $skipped skipped (a GPU test must not skip here)"
+    status=1
+  else
+    row "gpu tests" ok "$ran passed, 0 skipped"
+  fi
 
-if [ "${MOEKIT_SANITIZE_GPU:-1}" != 0 ]; then
-  # The out-of-memory test's failed cudaMalloc is what it checks; memcheck would report it.
-  small=${MOEKIT_SANITIZER_FILTER:-*Cuda*T1:*Cuda*T1_*:*Cuda*T3:*Cuda*T3_*:CudaFiniteStatus.*:CudaToPhysical.*:CudaGraph.*:CudaMemory.*:-CudaMemory.AnAllocationTooLarge*}
-  : >"$out/sanitizer.log"
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck; do
-    if [ ! -x "$sanitizer" ]; then
-      row "$tool" unavailable "no compute-sanitizer on this machine"
-      continue
-    fi
-    echo "== compute-sanitizer $tool"
-    start=$(date +%s)
-    timeout "${MOEKIT_SANITIZER_SECONDS:-150}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
-      "$tests" --gtest_filter="$small" >>"$out/sanitizer.log" 2>&1
-    rc=$?
-    took="$(($(date +%s) - start)) s"
-    if [ "$rc" -eq 124 ]; then
-      row "$tool" FAILED "over ${MOEKIT_SANITIZER_SECONDS:-150} s (sanitizer.log)"
-      status=1
-    elif [ "$rc" -eq 0 ]; then
-      row "$tool" ok "clean over the small GPU cases ($took)"
-    elif grep -q -E 'Device not supported|Unable to find injection library|not supported on this' \
-      "$out/sanitizer.log"; then
-      row "$tool" unavailable "compute-sanitizer cannot attach on this machine (sanitizer.log)"
-    else
-      row "$tool" FAILED "exit $rc, see sanitizer.log"
-      status=1
-    fi
-  done
+  if [ "${MOEKIT_SANITIZE_GPU:-1}" != 0 ]; then
+    # The out-of-memory test's failed cudaMalloc is what it checks; memcheck would report it.
+    small=${MOEKIT_SANITIZER_FILTER:-*Cuda*T1:*Cuda*T1_*:*Cuda*T3:*Cuda*T3_*:CudaFiniteStatus.*:CudaToPhysical.*:CudaGraph.*:CudaMemory.*:-CudaMemory.AnAllocationTooLarge*}
+    : >"$out/sanitizer.log"
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+      if [ ! -x "$sanitizer" ]; then
+        row "$tool" unavailable "no compute-sanitizer on this machine"
+        continue
+      fi
+      echo "== compute-sanitizer $tool"
+      start=$(date +%s)
+      timeout "${MOEKIT_SANITIZER_SECONDS:-150}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+        "$tests" --gtest_filter="$small" >>"$out/sanitizer.log" 2>&1
+      rc=$?
+      took="$(($(date +%s) - start)) s"
+      if [ "$rc" -eq 124 ]; then
+        row "$tool" FAILED "over ${MOEKIT_SANITIZER_SECONDS:-150} s (sanitizer.log)"
+        status=1
+      elif [ "$rc" -eq 0 ]; then
+        row "$tool" ok "clean over the small GPU cases ($took)"
+      elif grep -q -E 'Device not supported|Unable to find injection library|not supported on this' \
+        "$out/sanitizer.log"; then
+        row "$tool" unavailable "compute-sanitizer cannot attach on this machine (sanitizer.log)"
+      else
+        row "$tool" FAILED "exit $rc, see sanitizer.log"
+        status=1
+      fi
+    done
+  fi
+else
+  row "gpu tests" skipped "MOEKIT_GPU_TESTS=0 (a benchmark-only call)"
 fi
 
 if [ "${MOEKIT_GPU_BENCH:-1}" != 0 ] && [ -x bench/cuda/run.sh ]; then
