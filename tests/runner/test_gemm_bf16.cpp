@@ -152,6 +152,25 @@ struct Scratch {
   std::vector<uint8_t> bytes;
 };
 
+// Which entry of the GEMM a test calls: f32 rows, or rows rounded beforehand (round_rows_bf16,
+// Bf16Rows), as the runner calls it.
+enum class Entry { f32, rounded };
+
+// The product of rows [0, m) of a with w through `entry`. Rounded rows get a stride above the
+// least, and every value round_rows_bf16 need not write is a NaN, which the GEMM must not read.
+void call_gemm(Entry entry, const std::vector<float>& a, int64_t lda, int64_t m,
+               const PanelMatrix& w, int64_t p_begin, int64_t p_end, float* out, int64_t ldc,
+               void* work, const InputScales& scales = {}) {
+  if (entry == Entry::f32) {
+    gemm_panels_bf16(a.data(), lda, m, w, p_begin, p_end, out, ldc, work, scales);
+    return;
+  }
+  const int64_t ld = bf16_rows_ld(w.k) + 2;
+  std::vector<bf16_t> rows(sz(m * ld), to_bf16(std::numeric_limits<float>::quiet_NaN()));
+  round_rows_bf16(a.data(), lda, m, w.k, rows.data(), ld, scales);
+  gemm_panels_bf16(Bf16Rows{rows.data(), ld}, m, w, p_begin, p_end, out, ldc, work, scales);
+}
+
 struct Case {
   int64_t m;
   int64_t k;
@@ -203,7 +222,7 @@ std::vector<Case> cases() {
 // Runs the GEMM of case c on w with random activations (from seed) into a poisoned output and
 // checks every element: those of the range against a double-precision product of the
 // activations rounded to bf16 and the weights' values, the others untouched.
-void expect_product(const Case& c, const TestPanels& w, uint64_t seed) {
+void expect_product(const Case& c, const TestPanels& w, uint64_t seed, Entry entry) {
   const int64_t lda = c.k + 3;
   const int64_t ldc = c.n + 5;
   std::mt19937_64 rng(seed);
@@ -214,7 +233,7 @@ void expect_product(const Case& c, const TestPanels& w, uint64_t seed) {
   std::vector<float> out(sz(c.m * ldc), poison);
   Scratch work(c.k);
 
-  gemm_panels_bf16(a.data(), lda, c.m, w.view(), c.p_begin, c.p_end, out.data(), ldc, work.get());
+  call_gemm(entry, a, lda, c.m, w.view(), c.p_begin, c.p_end, out.data(), ldc, work.get());
 
   const int64_t first = c.p_begin * kPanelRows;
   const int64_t last = std::min(c.p_end * kPanelRows, c.n);
@@ -246,7 +265,13 @@ class GemmPanelsBf16Matches : public testing::TestWithParam<Case> {};
 TEST_P(GemmPanelsBf16Matches, DoublePrecisionProductAndWritesOnlyItsPanels) {
   SKIP_WITHOUT_AVX512_BF16();
   const Case& c = GetParam();
-  expect_product(c, random_panels(c.n, c.k, 7), 11);
+  expect_product(c, random_panels(c.n, c.k, 7), 11, Entry::f32);
+}
+
+TEST_P(GemmPanelsBf16Matches, SameFromRowsRoundedBeforehand) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const Case& c = GetParam();
+  expect_product(c, random_panels(c.n, c.k, 13), 17, Entry::rounded);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmPanelsBf16Matches, testing::ValuesIn(cases()), case_name);
@@ -304,7 +329,15 @@ TEST_P(GemmPanelsBf16Quantized, DoublePrecisionProductOfTheFormatsValues) {
   const QuantizedCase& c = GetParam();
   const uint64_t seed = static_cast<uint64_t>(c.shape.m * 7919 + c.shape.k * 31 + c.group_k);
   expect_product(c.shape, random_quantized(c.dtype, c.shape.n, c.shape.k, c.group_k, seed),
-                 seed + 1);
+                 seed + 1, Entry::f32);
+}
+
+TEST_P(GemmPanelsBf16Quantized, SameFromRowsRoundedBeforehand) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const QuantizedCase& c = GetParam();
+  const uint64_t seed = static_cast<uint64_t>(c.shape.m * 7829 + c.shape.k * 37 + c.group_k);
+  expect_product(c.shape, random_quantized(c.dtype, c.shape.n, c.shape.k, c.group_k, seed),
+                 seed + 1, Entry::rounded);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GemmPanelsBf16Quantized, testing::ValuesIn(quantized_cases()),
@@ -315,11 +348,8 @@ class GemmPanelsBf16InputScales : public testing::TestWithParam<QuantizedCase> {
 // GEMM inputs that are e4m3 codes times a scale per row and group (the fp8 formats' quantised
 // activations), with those scales given: the product of the inputs as they are, not rounded to
 // bf16 (which would miss by up to 2^-9 of each value, far beyond the tolerance).
-TEST_P(GemmPanelsBf16InputScales, DoublePrecisionProductOfTheInputsAsTheyAre) {
-  SKIP_WITHOUT_AVX512_BF16();
-  const QuantizedCase& c = GetParam();
+void expect_input_scaled_product(const QuantizedCase& c, uint64_t seed, Entry entry) {
   const Case& shape = c.shape;
-  const uint64_t seed = static_cast<uint64_t>(shape.m * 131 + shape.k * 17 + c.group_k);
   const TestPanels w = random_quantized(DType::f8e4m3, shape.n, shape.k, c.group_k, seed);
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> exponent(-20.0f, 6.0f);
@@ -340,8 +370,8 @@ TEST_P(GemmPanelsBf16InputScales, DoublePrecisionProductOfTheInputsAsTheyAre) {
   std::vector<float> out(sz(shape.m * ldc), std::numeric_limits<float>::quiet_NaN());
   Scratch work(shape.k);
 
-  gemm_panels_bf16(a.data(), lda, shape.m, w.view(), shape.p_begin, shape.p_end, out.data(), ldc,
-                   work.get(), {scales.data(), ld, c.group_k});
+  call_gemm(entry, a, lda, shape.m, w.view(), shape.p_begin, shape.p_end, out.data(), ldc,
+            work.get(), {scales.data(), ld, c.group_k});
 
   const int64_t first = shape.p_begin * kPanelRows;
   const int64_t last = std::min(shape.p_end * kPanelRows, shape.n);
@@ -362,6 +392,20 @@ TEST_P(GemmPanelsBf16InputScales, DoublePrecisionProductOfTheInputsAsTheyAre) {
       ASSERT_NEAR(got, want, 1e-5 * magnitude) << "row " << r << " column " << col;
     }
   }
+}
+
+TEST_P(GemmPanelsBf16InputScales, DoublePrecisionProductOfTheInputsAsTheyAre) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const QuantizedCase& c = GetParam();
+  expect_input_scaled_product(
+      c, static_cast<uint64_t>(c.shape.m * 131 + c.shape.k * 17 + c.group_k), Entry::f32);
+}
+
+TEST_P(GemmPanelsBf16InputScales, SameFromRowsRoundedBeforehand) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const QuantizedCase& c = GetParam();
+  expect_input_scaled_product(
+      c, static_cast<uint64_t>(c.shape.m * 137 + c.shape.k * 19 + c.group_k), Entry::rounded);
 }
 
 std::vector<QuantizedCase> input_scale_cases() {
@@ -556,6 +600,117 @@ TEST(GemmPanelsBf16, RejectsBadArguments) {
   empty.k = 0;
   expect_invalid([&] { gemm_panels_bf16(a.data(), 8, 1, empty, 0, 0, out.data(), 32, work.get()); },
                  "non-empty");
+}
+
+// round_rows_bf16 on its own: each value rounded as the GEMM rounds it (to_bf16: nearest even),
+// a zero after an odd row, nothing written past a row's padding or past the last row.
+TEST(RoundRowsBf16, RoundsEachValueAndPadsOddRowsWithZero) {
+  SKIP_WITHOUT_AVX512_BF16();
+  for (const int64_t k : {1, 7, 32, 33, 200, 601}) {
+    const int64_t m = 5;
+    const int64_t lda = k + 3;
+    const int64_t ld = bf16_rows_ld(k);
+    std::mt19937_64 rng(static_cast<uint64_t>(k));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> a(sz(m * lda));
+    for (float& x : a) x = normal(rng);
+    const bf16_t poison = to_bf16(std::numeric_limits<float>::quiet_NaN());
+    std::vector<bf16_t> out(sz((m + 1) * ld), poison);
+
+    round_rows_bf16(a.data(), lda, m, k, out.data(), ld);
+
+    const int64_t padded = (k + 31) / 32 * 32;  // the rounding writes 32 values at a time
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < ld; ++j) {
+        const uint16_t got = out[sz(r * ld + j)].bits;
+        if (j < k) {
+          ASSERT_EQ(got, to_bf16(a[sz(r * lda + j)]).bits)
+              << "K " << k << " row " << r << " k " << j;
+        } else if (j == k && k % 2 != 0) {
+          ASSERT_EQ(got, 0) << "K " << k << " row " << r << ": the odd pad";
+        } else if (j >= padded) {
+          ASSERT_EQ(got, poison.bits) << "K " << k << " row " << r << " k " << j << " was written";
+        } else {
+          ASSERT_TRUE(got == 0 || got == poison.bits) << "K " << k << " row " << r << " k " << j;
+        }
+      }
+    }
+    for (int64_t j = 0; j < ld; ++j) ASSERT_EQ(out[sz(m * ld + j)].bits, poison.bits);
+  }
+}
+
+// With input scales each value is divided by its row's and group's scale first: e4m3 codes
+// times scales come back as the codes, exactly.
+TEST(RoundRowsBf16, InputScalesLeaveTheCodes) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const int64_t m = 3;
+  const int64_t k = 300;
+  const int64_t group = 128;
+  const int64_t groups = 3;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> exponent(-20.0f, 6.0f);
+  std::vector<float> scales(sz(m * groups));
+  for (float& x : scales) x = std::exp2(exponent(rng));
+  std::vector<float> a(sz(m * k));
+  std::vector<float> codes(sz(m * k));
+  for (int64_t i = 0; i < m * k; ++i) {
+    uint8_t code = static_cast<uint8_t>(rng());
+    if ((code & 0x7F) == 0x7F) code ^= 1;
+    codes[sz(i)] = to_float(e4m3_t{code});
+    a[sz(i)] = codes[sz(i)] * scales[sz(i / k * groups + i % k / group)];
+  }
+  const int64_t ld = bf16_rows_ld(k);
+  std::vector<bf16_t> out(sz(m * ld), to_bf16(std::numeric_limits<float>::quiet_NaN()));
+
+  round_rows_bf16(a.data(), k, m, k, out.data(), ld, {scales.data(), groups, group});
+
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      ASSERT_EQ(to_float(out[sz(r * ld + j)]), codes[sz(r * k + j)]) << "row " << r << " k " << j;
+    }
+  }
+}
+
+TEST(RoundRowsBf16, RejectsBadArguments) {
+  SKIP_WITHOUT_AVX512_BF16();
+  std::vector<float> a(sz(4 * 40), 1.0f);
+  std::vector<bf16_t> out(sz(4 * bf16_rows_ld(40)));
+  const int64_t ld = bf16_rows_ld(40);
+  expect_invalid([&] { round_rows_bf16(a.data(), 40, 2, 40, out.data(), ld - 2); }, "strides");
+  expect_invalid([&] { round_rows_bf16(a.data(), 40, 2, 40, out.data(), ld + 1); }, "even");
+  expect_invalid([&] { round_rows_bf16(a.data(), 39, 2, 40, out.data(), ld); }, "strides 39");
+  expect_invalid([&] { round_rows_bf16(a.data(), 40, -1, 40, out.data(), ld); }, "-1 rows");
+  expect_invalid([&] { round_rows_bf16(nullptr, 40, 2, 40, out.data(), ld); }, "must not be null");
+  const std::vector<float> scales(8, 1.0f);
+  expect_invalid(
+      [&] {
+        round_rows_bf16(a.data(), 40, 2, 40, out.data(), ld, {scales.data(), 1, 8});
+      },
+      "groups of 8");
+}
+
+TEST(GemmPanelsBf16, RejectsBadRoundedRows) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const TestPanels w = random_panels(20, 9, 1);
+  const std::vector<bf16_t> rows(sz(4 * bf16_rows_ld(9)));
+  std::vector<float> out(sz(4 * 32));
+  Scratch work(w.k);
+  // An odd K reads its zero pad: 10 values a row.
+  expect_invalid(
+      [&] {
+        gemm_panels_bf16(Bf16Rows{rows.data(), 9}, 2, w.view(), 0, 1, out.data(), 32, work.get());
+      },
+      "lda 9");
+  expect_invalid(
+      [&] {
+        gemm_panels_bf16(Bf16Rows{rows.data(), 11}, 2, w.view(), 0, 1, out.data(), 32, work.get());
+      },
+      "odd");
+  expect_invalid(
+      [&] {
+        gemm_panels_bf16(Bf16Rows{nullptr, 10}, 2, w.view(), 0, 1, out.data(), 32, work.get());
+      },
+      "must not be null");
 }
 
 }  // namespace

@@ -125,15 +125,28 @@ class PanelFusedOp final : public FusedOp {
       own.out_row[r] = static_cast<int32_t>(e / input.columns);
       own.weight[r] = input.weights[e];
     }
-    // Two references: small enough for std::function to hold without allocating.
-    cpu::for_rows(pool, n_rows, n_rows * H, [&input, &own](int64_t begin, int64_t end) {
-      const int64_t width = input.hidden.dim(1);
+    // GEMM1's bf16 GEMM copies the rows of the slots it serves from the hidden states itself
+    // (PanelMoe::gemm1_reads_hidden), so only the streamed slots' rows are gathered to f32.
+    const bool from_hidden = input.hidden.dtype == DType::bf16 &&
+                             moe_.gemm1_reads_hidden(weights.quant, input.hidden.dtype);
+    const Gather gather{input, own, p_.slots, from_hidden};
+    // One reference: small enough for std::function to hold without allocating.
+    cpu::for_rows(pool, n_rows, n_rows * H, [&gather](int64_t begin, int64_t end) {
+      const int64_t width = gather.input.hidden.dim(1);
+      const int64_t* offsets = gather.own.offsets;
+      const int64_t* slot_end = offsets + 1;
       for (int64_t r = begin; r < end; ++r) {
-        kernels::activation_row(input.hidden, own.out_row[r], own.x + r * width);
+        if (gather.skip_gemm_rows) {
+          slot_end = std::upper_bound(slot_end, offsets + gather.slots + 1, r);
+          if (cpu::use_gemm(*slot_end - slot_end[-1])) continue;
+        }
+        kernels::activation_row(gather.input.hidden, gather.own.out_row[r],
+                                gather.own.x + r * width);
       }
     });
-    const cpu::GroupedRows grouped{own.x,      n_rows,    own.offsets,  own.out_row,
-                                   own.weight, input.sum, input.tokens, input.hidden.dtype};
+    cpu::GroupedRows grouped{own.x,      n_rows,    own.offsets,  own.out_row,
+                             own.weight, input.sum, input.tokens, input.hidden.dtype};
+    if (from_hidden) grouped.hidden_bf16 = static_cast<const bf16_t*>(input.hidden.data);
     moe_.run(grouped, weights, static_cast<char*>(scratch) + own_bytes_, pool);
   }
 
@@ -151,6 +164,14 @@ class PanelFusedOp final : public FusedOp {
             carver.take<int32_t>(rows), carver.take<float>(rows),
             carver.take<float>(rows * p_.hidden)};
   }
+
+  // What the gather into f32 rows reads.
+  struct Gather {
+    const DispatchOutput& input;
+    const Own& own;
+    int slots;
+    bool skip_gemm_rows;  // rows of slots on the GEMM are read from the hidden states instead
+  };
 
   ExpertsProblem p_;
   cpu::PanelMoe moe_;

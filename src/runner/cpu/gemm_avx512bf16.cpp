@@ -14,8 +14,11 @@
 //         order, and one vpermw looks up code - 8 as bf16.
 // The scales of e4m3 and int4 (one per row and scale group, panels.hpp) multiply the f32 sums of
 // each group as the tile finishes it, adding them to the output tile, so no weight is rounded
-// on its way to the dot products. An A block is rounded to bf16 once, row by row: a row of bf16
-// in k order already is its row of pairs, and each dot product reads its row's pair itself (an
+// on its way to the dot products. An A block is rounded to bf16 once, row by row (or the caller
+// rounded all its rows beforehand, round_rows_bf16, and the kernel reads them as they are: the
+// runner meets the same rows with one call per chunk of panels, and rounding them in every call
+// took 3-4 points of the dot-product peak at Qwen3-30B-A3B's GEMM1 shapes): a row of bf16 in k
+// order already is its row of pairs, and each dot product reads its row's pair itself (an
 // embedded broadcast), which keeps vpbroadcastd off the vector pipes the dot products need.
 //
 // Blocking: rows of `a` are taken kBlockM (256, the most a call of the runner gets) at a time
@@ -355,13 +358,20 @@ const char* raw_at(const Weights& w, int64_t panel, int64_t k0) {
 
 }  // namespace
 
-void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, int64_t p_begin,
-                    int64_t p_end, float* c, int64_t ldc, void* work, const InputScales& input) {
+void round_unchecked(const float* a, int64_t lda, int64_t m, int64_t k, bf16_t* out, int64_t ld,
+                     const InputScales& input) {
+  pack_a(a, lda, m, 0, k, reinterpret_cast<uint8_t*>(out), ld / 2, input);
+}
+
+void gemm_unchecked(const Source& src, int64_t m, const Weights& w, int64_t p_begin, int64_t p_end,
+                    float* c, int64_t ldc, void* work, const InputScales& input) {
   auto* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work) + 63) &
                                                 ~static_cast<uintptr_t>(63));
-  const int64_t stride = a_stride_pairs(min64(w.k, kBlockK));
   uint8_t* const a_block = base;
-  auto* const group = reinterpret_cast<__m512i*>(a_block + kBlockM * stride * 4);
+  const int64_t block_stride = a_stride_pairs(min64(w.k, kBlockK));
+  auto* const group = reinterpret_cast<__m512i*>(a_block + kBlockM * block_stride * 4);
+  // Pairs between the rows the tiles read.
+  const int64_t stride = src.rounded != nullptr ? src.rounded_ld / 2 : block_stride;
   const int widen = static_cast<int>(w.widen);
   // e4m3 widens to its value times 2^-8 (widen_pair).
   const float scale_factor = w.widen == Widen::e4m3 ? 256.0f : 1.0f;
@@ -377,7 +387,13 @@ void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, in
       const int64_t kc = block_k(w.k, w.group_k, k0);
       InputScales block_scales = input;
       if (input.scale != nullptr) block_scales.scale = input.scale + m0 * input.ld;
-      pack_a(a + m0 * lda + k0, lda, rows, k0, kc, a_block, stride, block_scales);
+      // Row m0's pairs of the K-block.
+      const uint8_t* a_rows = a_block;
+      if (src.rounded != nullptr) {
+        a_rows = reinterpret_cast<const uint8_t*>(src.rounded + m0 * src.rounded_ld + k0);
+      } else {
+        pack_a(src.a + m0 * src.lda + k0, src.lda, rows, k0, kc, a_block, stride, block_scales);
+      }
       for (int64_t g = p_begin; g < p_end; g += kP) {
         const int np = static_cast<int>(min64(kP, p_end - g));
         TileIn in{};
@@ -403,7 +419,7 @@ void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, in
         int64_t row = 0;
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t r = base_rows + (t < longer ? 1 : 0);
-          in.a = a_block + row * stride * 4;
+          in.a = a_rows + row * stride * 4;
           if (input.scale != nullptr) {
             in.a_scale = block_scales.scale + row * input.ld + k0 / w.group_k;
             in.a_scale_ld = input.ld;

@@ -11,8 +11,10 @@
 namespace moekit::cpu {
 namespace {
 
-void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
-                     int64_t p_end, const float* c, int64_t ldc, const void* work) {
+// a_present: the inputs are not null; lda_least: the least row stride they may have (lda).
+void check_arguments(bool a_present, int64_t lda, int64_t lda_least, int64_t m,
+                     const PanelMatrix& w, int64_t p_begin, int64_t p_end, const float* c,
+                     int64_t ldc, const void* work) {
   require(w.dtype == DType::bf16 || w.dtype == DType::f8e4m3 || w.dtype == DType::i4,
           "gemm_panels_bf16: weight dtype {} is not bf16, e4m3 or int4", dtype_name(w.dtype));
   require(w.n > 0 && w.k > 0 && w.data != nullptr,
@@ -22,9 +24,10 @@ void check_arguments(const float* a, int64_t lda, int64_t m, const PanelMatrix& 
           p_end, w.panels());
   require(m >= 0, "gemm_panels_bf16: row count {} is negative", m);
   if (m == 0 || p_begin == p_end) return;
-  require(a != nullptr && c != nullptr && work != nullptr,
+  require(a_present && c != nullptr && work != nullptr,
           "gemm_panels_bf16: a, c and the scratch must not be null");
-  require(lda >= w.k, "gemm_panels_bf16: lda {} is less than K = {}", lda, w.k);
+  require(lda >= lda_least, "gemm_panels_bf16: lda {} is less than {} (K = {})", lda, lda_least,
+          w.k);
   const int64_t last_col = std::min(p_end * kPanelRows, w.n);
   require(m == 1 || ldc >= last_col, "gemm_panels_bf16: ldc {} is less than the {} columns written",
           ldc, last_col);
@@ -60,20 +63,22 @@ int64_t gemm_bf16_scratch_bytes(int64_t k) {
   return a_block + panel_group + 64;  // 64: room to align `work` to a cache line
 }
 
-void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
-                      int64_t p_end, float* c, int64_t ldc, void* work,
-                      const InputScales& input_scales) {
-  check_arguments(a, lda, m, w, p_begin, p_end, c, ldc, work);
-  if (m == 0 || p_begin == p_end) return;
-  if (input_scales.scale != nullptr) {
-    require(w.dtype != DType::bf16 && input_scales.group == w.group_k,
-            "gemm_panels_bf16: input scales in groups of {} need weights with scale groups of the "
-            "same size (got {} weights, group {})",
-            input_scales.group, dtype_name(w.dtype), w.group_k);
-    require(input_scales.ld >= w.scale_steps(),
-            "gemm_panels_bf16: input scale stride {} is less than the {} groups of a row",
-            input_scales.ld, w.scale_steps());
-  }
+namespace {
+
+void check_input_scales(const InputScales& input_scales, const PanelMatrix& w) {
+  if (input_scales.scale == nullptr) return;
+  require(w.dtype != DType::bf16 && input_scales.group == w.group_k,
+          "gemm_panels_bf16: input scales in groups of {} need weights with scale groups of the "
+          "same size (got {} weights, group {})",
+          input_scales.group, dtype_name(w.dtype), w.group_k);
+  require(input_scales.ld >= w.scale_steps(),
+          "gemm_panels_bf16: input scale stride {} is less than the {} groups of a row",
+          input_scales.ld, w.scale_steps());
+}
+
+void run(const bf16_gemm::Source& a, int64_t m, const PanelMatrix& w, int64_t p_begin,
+         int64_t p_end, float* c, int64_t ldc, void* work, const InputScales& input_scales) {
+  check_input_scales(input_scales, w);
   const bf16_gemm::Weights weights{.widen = widen_of(w.dtype),
                                    .data = w.data,
                                    .n = w.n,
@@ -82,7 +87,45 @@ void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix&
                                    .group_k = w.dtype == DType::bf16 ? 0 : w.group_k,
                                    .scale_steps = w.scale_steps(),
                                    .scale = w.scale};
-  bf16_gemm::gemm_unchecked(a, lda, m, weights, p_begin, p_end, c, ldc, work, input_scales);
+  bf16_gemm::gemm_unchecked(a, m, weights, p_begin, p_end, c, ldc, work, input_scales);
+}
+
+}  // namespace
+
+void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix& w, int64_t p_begin,
+                      int64_t p_end, float* c, int64_t ldc, void* work,
+                      const InputScales& input_scales) {
+  check_arguments(a != nullptr, lda, w.k, m, w, p_begin, p_end, c, ldc, work);
+  if (m == 0 || p_begin == p_end) return;
+  run({.a = a, .lda = lda}, m, w, p_begin, p_end, c, ldc, work, input_scales);
+}
+
+void gemm_panels_bf16(const Bf16Rows& a, int64_t m, const PanelMatrix& w, int64_t p_begin,
+                      int64_t p_end, float* c, int64_t ldc, void* work,
+                      const InputScales& input_scales) {
+  // The kernel reads pairs of k, so a row holds K rounded up to even values and starts on a pair.
+  check_arguments(a.data != nullptr, a.ld, w.k + w.k % 2, m, w, p_begin, p_end, c, ldc, work);
+  require(a.ld % 2 == 0, "gemm_panels_bf16: the stride {} of rounded rows is odd", a.ld);
+  if (m == 0 || p_begin == p_end) return;
+  run({.rounded = a.data, .rounded_ld = a.ld}, m, w, p_begin, p_end, c, ldc, work, input_scales);
+}
+
+void round_rows_bf16(const float* a, int64_t lda, int64_t m, int64_t k, bf16_t* out, int64_t ld,
+                     const InputScales& input_scales) {
+  require(m >= 0 && k > 0, "round_rows_bf16: {} rows of {} values", m, k);
+  if (m == 0) return;
+  require(a != nullptr && out != nullptr, "round_rows_bf16: a and out must not be null");
+  require(lda >= k && ld >= bf16_rows_ld(k) && ld % 2 == 0,
+          "round_rows_bf16: strides {} (in) and {} (out) for rows of {} values (out needs an even "
+          "stride of at least {})",
+          lda, ld, k, bf16_rows_ld(k));
+  if (input_scales.scale != nullptr) {
+    require(input_scales.group > 0 &&
+                input_scales.ld >= (k + input_scales.group - 1) / input_scales.group,
+            "round_rows_bf16: input scales in groups of {} with stride {} for rows of {} values",
+            input_scales.group, input_scales.ld, k);
+  }
+  bf16_gemm::round_unchecked(a, lda, m, k, out, ld, input_scales);
 }
 
 }  // namespace moekit::cpu

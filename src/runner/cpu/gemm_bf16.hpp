@@ -46,6 +46,34 @@ void gemm_panels_bf16(const float* a, int64_t lda, int64_t m, const PanelMatrix&
                       int64_t p_end, float* c, int64_t ldc, void* work,
                       const InputScales& input_scales = {});
 
+// GEMM inputs rounded to bf16 beforehand (round_rows_bf16): row r's K values at data + r * ld,
+// then a zero where K is odd. A caller that meets the same rows with many calls (the runner:
+// one per chunk of panels) rounds them once instead of once per call.
+struct Bf16Rows {
+  const bf16_t* data = nullptr;
+  int64_t ld = 0;  // values between rows: bf16_rows_ld(K) or more, even
+};
+
+// The row stride round_rows_bf16 needs for a K of k: whole 64-byte chunks past K (the rounding
+// stores 32 values at a time), plus 32 values so that the rows a tile reads in step do not all
+// fall into the same cache sets.
+constexpr int64_t bf16_rows_ld(int64_t k) {
+  return (k + 1 + 31) / 32 * 32 + 32;
+}
+
+// out[r * ld + j] = bf16(a[r * lda + j]) for r in [0, m), j in [0, k), rounded as
+// gemm_panels_bf16 rounds its f32 inputs (with input scales the same way too), and
+// out[r * ld + k] = 0 where k is odd; values of a row past that may be set to zero. ld >=
+// bf16_rows_ld(k). Throws Errc::invalid_argument for a bad count, stride or scale grid.
+void round_rows_bf16(const float* a, int64_t lda, int64_t m, int64_t k, bf16_t* out, int64_t ld,
+                     const InputScales& input_scales = {});
+
+// gemm_panels_bf16 on rows rounded beforehand: the same products and the same writes. The input
+// scales (fp8) are those the rows were rounded with: the sums are multiplied by them.
+void gemm_panels_bf16(const Bf16Rows& a, int64_t m, const PanelMatrix& w, int64_t p_begin,
+                      int64_t p_end, float* c, int64_t ldc, void* work,
+                      const InputScales& input_scales = {});
+
 namespace bf16_gemm {
 
 // Blocking shared by the scratch size and the kernel (gemm_avx512bf16.cpp says why these).
@@ -89,11 +117,22 @@ struct Weights {
   const float* scale = nullptr;  // [panels][scale_steps][16]
 };
 
-// The kernel without the checks: the arguments are valid, m > 0, p_begin < p_end and the CPU
+// The GEMM's inputs: f32 rows that the kernel rounds K-block by K-block (a, lda), or, where
+// `rounded` is set, rows rounded beforehand (Bf16Rows) that it reads as they are.
+struct Source {
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const bf16_t* rounded = nullptr;
+  int64_t rounded_ld = 0;
+};
+
+// The kernels without the checks: the arguments are valid, m > 0, p_begin < p_end and the CPU
 // has AVX-512 BF16. Kept apart so that the checks, their messages and the CPU probe are compiled
 // without AVX-512 (and so run on any CPU).
-void gemm_unchecked(const float* a, int64_t lda, int64_t m, const Weights& w, int64_t p_begin,
-                    int64_t p_end, float* c, int64_t ldc, void* work, const InputScales& input);
+void gemm_unchecked(const Source& a, int64_t m, const Weights& w, int64_t p_begin, int64_t p_end,
+                    float* c, int64_t ldc, void* work, const InputScales& input);
+void round_unchecked(const float* a, int64_t lda, int64_t m, int64_t k, bf16_t* out, int64_t ld,
+                     const InputScales& input);
 
 }  // namespace bf16_gemm
 

@@ -55,6 +55,7 @@ struct CallScratch {
   float* work;
   RowCodes codes;
   void* bf16_work;
+  bf16_t* bf16_rows;  // a block of GEMM rows rounded to bf16 (round_rows_bf16)
   void* int8_work;
 };
 
@@ -97,8 +98,9 @@ struct PanelMoe::Worker {
   float* y;
   float* work;  // the GEMM's scratch
   RowCodes codes;
-  void* bf16_work = nullptr;  // gemm_panels_bf16's scratch
-  void* int8_work = nullptr;  // gemm_panels_int8's
+  void* bf16_work = nullptr;    // gemm_panels_bf16's scratch
+  bf16_t* bf16_rows = nullptr;  // kGemmRows rows rounded for it
+  void* int8_work = nullptr;    // gemm_panels_int8's
 };
 
 PanelMoe::PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels,
@@ -178,6 +180,8 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
   }
   if (kernels_.bf16_rows(DType::bf16)) {
     w.bf16_work = carver.take<std::byte>(gemm_bf16_scratch_bytes(widest));
+    w.bf16_rows =
+        carver.take<bf16_t>(std::min(kGemmRows, problem_.max_rows()) * bf16_rows_ld(widest));
   }
   if (kernels_.int8_gemm) w.int8_work = carver.take<std::byte>(gemm_int8_scratch_bytes());
   return w;
@@ -187,12 +191,18 @@ Int4Rows PanelMoe::stream_kind(const GroupedRows& rows) const {
   return int4_.of(rows.activations);
 }
 
+bool PanelMoe::gemm1_reads_hidden(const QuantParams& q, DType activations) const {
+  // int4 rows streamed in f32 take step sums over every row of x (needs_prepare).
+  const bool f32_step_sums = q.weight_dtype == DType::i4 && int4_.of(activations) == Int4Rows::f32;
+  return kernels_.bf16_rows(activations) && !q.quantizes_activations() && !f32_step_sums;
+}
+
 bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
   return kernels_.bf16_rows(rows.activations);
 }
 
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
-  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work, w.int8_work};
+  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work, w.bf16_rows, w.int8_work};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -324,6 +334,9 @@ struct Inputs {
   int64_t groups;
   // int4-group-a8 on the int8 GEMM: the GEMM rows quantised; q null otherwise.
   Int8Matrix int8;
+  // GEMM1 where gemm1_reads_hidden: the bf16 GEMM copies row r from hidden + out_row[r] * K.
+  const bf16_t* hidden = nullptr;
+  const int32_t* out_row = nullptr;
 };
 
 // Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
@@ -374,6 +387,33 @@ template <typename Done>
 void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, int64_t r0,
               int64_t r1, const CallScratch& scratch, Done done) {
   const bool gemm = use_gemm(r1 - r0);
+  if (gemm && in.bf16 && in.int8.q == nullptr) {
+    // Each block of rows is rounded to bf16 once and meets every chunk of panels as it is, where
+    // rounding it in every call cost once per chunk (6 to 8 times per expert at Qwen3-30B-A3B's
+    // shapes). Rows past one block re-read the panels, from L2 or L3: the block holds kGemmRows.
+    const int64_t ld = bf16_rows_ld(m.k);
+    for (int64_t rc = r0; rc < r1; rc += kGemmRows) {
+      const int64_t mr = std::min(kGemmRows, r1 - rc);
+      const InputScales scales{in.scales == nullptr ? nullptr : in.scales + rc * in.groups,
+                               in.groups, m.group_k};
+      if (in.hidden != nullptr) {
+        for (int64_t i = 0; i < mr; ++i) {
+          bf16_t* row = scratch.bf16_rows + i * ld;
+          std::copy_n(in.hidden + int64_t{in.out_row[rc + i]} * m.k, m.k, row);
+          if (m.k % 2 != 0) row[m.k] = bf16_t{0};
+        }
+      } else {
+        round_rows_bf16(in.x + rc * in.ldx, in.ldx, mr, m.k, scratch.bf16_rows, ld, scales);
+      }
+      for (int64_t pc = p0; pc < p1; pc += kGemmChunk) {
+        const int64_t pe = std::min(p1, pc + kGemmChunk);
+        gemm_panels_bf16(Bf16Rows{scratch.bf16_rows, ld}, mr, m, pc, pe, scratch.y,
+                         scratch.tile_columns, scratch.bf16_work, scales);
+        done(rc, mr, pc, pe, scratch.y + pc * kPanelRows, scratch.tile_columns);
+      }
+    }
+    return;
+  }
   const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
   const bool codes = !gemm && in.stream != Int4Rows::f32;
   // Once per worker and slot: the rows then meet every panel of the worker's share.
@@ -389,11 +429,6 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
               {a.q + rc * a.ldq, a.ldq, a.scale + rc * a.steps, a.sums + rc * a.steps, a.steps}, mr,
               m, pc, pe, scratch.y, scratch.tile_columns, scratch.int8_work,
               in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
-        } else if (in.bf16) {
-          const InputScales scales{in.scales == nullptr ? nullptr : in.scales + rc * in.groups,
-                                   in.groups, m.group_k};
-          gemm_panels_bf16(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y,
-                           scratch.tile_columns, scratch.bf16_work, scales);
         } else {
           gemm_panels(in.x + rc * in.ldx, in.ldx, mr, m, pc, pe, scratch.y, scratch.tile_columns,
                       scratch.work);
@@ -443,13 +478,16 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
   const int64_t panels = w13.first.panels();
   const int64_t p0 = panels * part / parts;
   const int64_t p1 = panels * (part + 1) / parts;
+  const bool from_hidden =
+      rows.hidden_bf16 != nullptr && gemm1_reads_hidden(weights.quant, rows.activations);
   for (int slot = 0; slot < problem_.slots; ++slot) {
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
     multiply(w13.slot(slot), p0, p1,
              {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              bf16_inputs(rows), s.x_scales, hidden_groups_, s.x_int8.matrix()},
+              bf16_inputs(rows), s.x_scales, hidden_groups_, s.x_int8.matrix(),
+              from_hidden ? rows.hidden_bf16 : nullptr, rows.out_row},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.

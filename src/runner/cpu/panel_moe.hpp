@@ -51,6 +51,10 @@ struct GroupedRows {
   // The dtype the layer's activations came in as: bf16 or f16 let the kernels compute at a
   // precision that is still finer than that dtype's (int4_stream), f32 keeps f32 throughout.
   DType activations = DType::f32;
+  // Where PanelMoe::gemm1_reads_hidden: the layer's bf16 hidden states [out_rows, H], from which
+  // GEMM1's bf16 GEMM copies its rows (row r is row out_row[r]); the rows of x of the slots it
+  // serves (use_gemm) are then never read and need not be filled. Null: x holds every row.
+  const bf16_t* hidden_bf16 = nullptr;
 };
 
 class PanelMoe {
@@ -59,6 +63,11 @@ class PanelMoe {
   PanelMoe(const ExpertsProblem& problem, const CpuKernels& kernels, Int4RowsByActivations int4);
 
   int64_t scratch_bytes() const { return shared_bytes_ + worker_bytes_ * problem_.threads; }
+  // Whether GEMM1's bf16 GEMM can take its rows straight from bf16 hidden states
+  // (GroupedRows::hidden_bf16) for weights of format q: the rows it would round to bf16 are
+  // those values exactly, where the format quantises no activations (bf16, int4-group W4A16).
+  // A copy of bf16 rows then replaces the gather into f32 rows and their rounding back.
+  bool gemm1_reads_hidden(const QuantParams& q, DType activations) const;
   void run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
            ThreadPool& pool) const;
 
