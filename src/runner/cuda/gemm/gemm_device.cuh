@@ -171,6 +171,20 @@ __device__ __forceinline__ void store_activation(const Params& p, int64_t at, fl
   }
 }
 
+// Two adjacent GEMM1 outputs: f32 for the e4m3 formats, else the weights' 16-bit type.
+template <Elem kElem>
+__device__ __forceinline__ void store_activation_pair(const Params& p, int64_t at, float v0,
+                                                      float v1) {
+  if (p.out_f32) {
+    *reinterpret_cast<float2*>(static_cast<float*>(p.out) + at) = make_float2(v0, v1);
+  } else if constexpr (kElem == Elem::bf16) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + at) =
+        __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + at) = __floats2half2_rn(v0, v1);
+  }
+}
+
 struct Tile {
   int expert;  // -1: no work for this CTA
   int row0;

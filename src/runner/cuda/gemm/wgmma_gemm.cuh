@@ -275,16 +275,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
           const float up = acc[(chunk + kN / 16) * 4 + 2 * h + j] * tensor_scale(1, col + j, row);
           v[j] = activate(p.activation, gate, up);
         }
-        const int64_t at = row * p.n + col;
-        if (p.out_f32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + at) = make_float2(v[0], v[1]);
-        } else if constexpr (kElem == Elem::bf16) {
-          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + at) =
-              __floats2bfloat162_rn(v[0], v[1]);
-        } else {
-          *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + at) =
-              __floats2half2_rn(v[0], v[1]);
-        }
+        store_activation_pair<kElem>(p, row * p.n + col, v[0], v[1]);
       }
     } else {
       const float weight = p.route_weight == nullptr ? 1.0f : __ldg(p.route_weight + row);
