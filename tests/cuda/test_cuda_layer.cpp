@@ -329,13 +329,18 @@ TEST(CudaResolve, RefusesWhatTheCudaCoreCannotRunNamingWhy) {
   }
 }
 
-TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
+// DeepSeek-V3 in fp8-block on GPU 0 of `platform`, planned for batches up to 4096 tokens.
+Plan fp8_dsv3_plan(RunnerKind runner, const Platform& platform) {
   Options options;
-  options.runner = RunnerKind::auto_;
+  options.runner = runner;
   options.device = Device::cuda(0);
   options.weights = QuantParams::Fp8Block(128);
   options.max_tokens = 4096;
-  const Plan plan = resolve(ModelSpec::preset("dsv3"), options, with_gpu(9, 0));
+  return resolve(ModelSpec::preset("dsv3"), options, platform);
+}
+
+TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
+  const Plan plan = fp8_dsv3_plan(RunnerKind::auto_, with_gpu(9, 0));
   EXPECT_EQ(plan.runner, RunnerKind::cuda);
   EXPECT_EQ(plan.stages, "cuda");
   ASSERT_TRUE(plan.cuda_kernels.has_value());
@@ -347,12 +352,7 @@ TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
 }
 
 TEST(CudaResolve, PlansDecodeThenPrefillOnAnSm80Gpu) {
-  Options options;
-  options.runner = RunnerKind::cuda;
-  options.device = Device::cuda(0);
-  options.weights = QuantParams::Fp8Block(128);
-  options.max_tokens = 4096;
-  const Plan plan = resolve(ModelSpec::preset("dsv3"), options, with_gpu(8, 0));
+  const Plan plan = fp8_dsv3_plan(RunnerKind::cuda, with_gpu(8, 0));
   ASSERT_TRUE(plan.cuda_kernels.has_value());
   EXPECT_EQ(plan.cuda_kernels->routed.front().kernel, CudaGemmKernel::decode);
   EXPECT_EQ(plan.cuda_kernels->routed.back().kernel, CudaGemmKernel::prefill);

@@ -20,6 +20,10 @@ enum class Elem : uint8_t { bf16, f16, e4m3 };
 template <Elem kElem>
 inline constexpr int kElemBytes = kElem == Elem::e4m3 ? 1 : 2;
 
+// The K step of the prefill and wgmma kernels: 64 elements of 16 bits or 128 e4m3 (one fp8 scale
+// block), one 128-byte row of the shared-memory swizzle pattern.
+inline constexpr int kStepBytes = 128;
+
 // e4m3 mma.sync runs on Ada's fp8 tensor cores (sm_89). On sm_90 ptxas accepts it but lowers it
 // to f16 mma with conversions of its own (Hopper's fp8 tensor cores are reached by wgmma only,
 // the `hopper` runner's business), and sm_80 has no e4m3 at all: there the kernels convert

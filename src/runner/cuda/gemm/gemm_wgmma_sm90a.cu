@@ -43,7 +43,7 @@ CUtensorMap byte_matrix_map(const void* base, int64_t rows, int64_t row_bytes, i
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kWgmmaStepBytes),
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kStepBytes),
                              static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r =

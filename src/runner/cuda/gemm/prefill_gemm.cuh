@@ -11,8 +11,6 @@
 
 namespace moekit::cuda_gemm::detail {
 
-inline constexpr int kPrefillStepBytes = 128;
-
 // A tile shape: kRows tokens x kCols weight rows per CTA, kWarpsM x kWarpsN warps (each
 // kMt m16 tiles x kFrags n8 fragments), kStages K steps in flight, kMinBlocks CTAs per SM.
 template <int kRows_, int kCols_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
@@ -22,7 +20,7 @@ struct PrefillShape {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kMt = kRows / kWarpsM / 16;
   static constexpr int kFrags = kCols / kWarpsN / 8;
-  static constexpr int kSmemBytes = kStages * (kRows + kCols) * kPrefillStepBytes;
+  static constexpr int kSmemBytes = kStages * (kRows + kCols) * kStepBytes;
   static_assert(kMt >= 1 && kFrags % 2 == 0 && kRows % (kThreads / 8) == 0 &&
                 kCols % (kThreads / 8) == 0);
 };
@@ -49,7 +47,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) 
 // Byte offset of 16-byte piece c of row r in a stage: pieces XOR-swizzled by the row, so that
 // the 8 rows one ldmatrix phase reads fall on different banks.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) {
-  return static_cast<uint32_t>(r * kPrefillStepBytes + ((c ^ (r & 7)) << 4));
+  return static_cast<uint32_t>(r * kStepBytes + ((c ^ (r & 7)) << 4));
 }
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
@@ -72,7 +70,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) prefill_kernel(con
   const int wm = warp % S::kWarpsM, wn = warp / S::kWarpsM;
   const int g = lane >> 2, q = lane & 3;
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
-  const int steps = static_cast<int>((row_bytes + kPrefillStepBytes - 1) / kPrefillStepBytes);
+  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
   const int n0 = tile.col * kTileCols;
   const uint8_t* expert_w =
       p.w + static_cast<int64_t>(tile.expert) * (kGated ? 2 : 1) * p.n * row_bytes;
@@ -82,7 +80,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) prefill_kernel(con
   // interleaving of loads, conversions and mma.)
   const bool warp_live = wm * kMt * 16 < tile.rows;
 
-  constexpr int kStageA = S::kRows * kPrefillStepBytes, kStageB = S::kCols * kPrefillStepBytes;
+  constexpr int kStageA = S::kRows * kStepBytes, kStageB = S::kCols * kStepBytes;
   const uint32_t a_smem = smem_address(smem);
   const uint32_t b_smem = a_smem + S::kStages * kStageA;
 
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) prefill_kernel(con
   constexpr int kRowStep = S::kThreads / 8;
   const int piece = tid & 7, r0 = tid >> 3;
   const auto load_step = [&](int step, int stage) {
-    const int64_t byte = static_cast<int64_t>(step) * kPrefillStepBytes + piece * 16;
+    const int64_t byte = static_cast<int64_t>(step) * kStepBytes + piece * 16;
     const bool in_k = byte < row_bytes;
 #pragma unroll
     for (int j = 0; j < S::kRows / kRowStep; ++j) {

@@ -27,18 +27,17 @@
 
 namespace moekit::cuda_gemm::detail {
 
-inline constexpr int kWgmmaStepBytes = 128;
-
 template <int kRows_, int kCols_, int kStages_>
 struct WgmmaShape {
   static constexpr int kRows = kRows_, kCols = kCols_, kStages = kStages_;
   // Two consumer warpgroups (warps 0-7, as wgmma wants warpgroups aligned to 4 warps), then the
-  // producer warp. 288 threads leave each up to 224 registers without setmaxnreg.
+  // producer warp. ptxas gives a thread of this CTA up to 168 registers (as for 384 threads):
+  // room for 128 accumulators, not for two sets of 64 beside 64 (bench/cuda/NOTES.md v5).
   static constexpr int kConsumers = 256;
   static constexpr int kThreads = kConsumers + 32;
   static constexpr int kGroupsM = kRows / 64;              // warpgroups along the rows
   static constexpr int kGroupCols = kCols * kGroupsM / 2;  // the n of each warpgroup's wgmma
-  static constexpr int kStageA = kRows * kWgmmaStepBytes, kStageB = kCols * kWgmmaStepBytes;
+  static constexpr int kStageA = kRows * kStepBytes, kStageB = kCols * kStepBytes;
   static constexpr int kStageBytes = kStageA + kStageB;
   // One more KB to align the stages to the swizzle's 1024-byte pattern.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
@@ -105,7 +104,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
                                            S::kRows, col_tiles, scratch);
   if (tile.expert < 0) return;
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
-  const int steps = static_cast<int>((row_bytes + kWgmmaStepBytes - 1) / kWgmmaStepBytes);
+  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
   const int n0 = tile.col * kTileCols;
   const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
   const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
@@ -121,7 +120,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
       }
       const uint32_t bar = smem_address(&full[stage]);
       mbarrier_expect_tx(bar, S::kStageBytes);
-      const int k_byte = step * kWgmmaStepBytes;
+      const int k_byte = step * kStepBytes;
       tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, k_byte, tile.row0, bar);
 #pragma unroll
       for (int b = 0; b < S::kCols / kBoxRows; ++b) {
@@ -131,8 +130,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
           const int col = n0 + (b / 2) * kHalf;
           row = b % 2 == 0 ? col : p.n + col;
         }
-        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kWgmmaStepBytes, &args.w_map,
-                    k_byte, expert_row0 + row, bar);
+        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map, k_byte,
+                    expert_row0 + row, bar);
       }
     }
     return;
@@ -184,10 +183,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   const auto issue = [&](int step, float(&sum)[kAcc]) {
     const int stage = step % S::kStages;
     mbarrier_wait(smem_address(&full[stage]), (step / S::kStages) & 1);
-    const uint64_t a_desc =
-        smem_desc_sw128(a_smem + stage * S::kStageA + gm * 64 * kWgmmaStepBytes);
-    const uint64_t b_desc =
-        smem_desc_sw128(b_smem + stage * S::kStageB + gn * kN * kWgmmaStepBytes);
+    const uint64_t a_desc = smem_desc_sw128(a_smem + stage * S::kStageA + gm * 64 * kStepBytes);
+    const uint64_t b_desc = smem_desc_sw128(b_smem + stage * S::kStageB + gn * kN * kStepBytes);
     wgmma_fence();
     fence_registers(sum);
 #pragma unroll
