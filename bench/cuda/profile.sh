@@ -25,7 +25,7 @@ if [ -n "$nsys" ] && [ -x "$nsys" ]; then
   python3 bench/cuda/profile_summary.py nsys "$trace"
 else
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  "$ncu" --metrics gpu__time_duration.sum --csv "$build/tools/moekit" "${args[@]}" \
+  "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv "$build/tools/moekit" "${args[@]}" \
     >"$out/$name.csv" 2>"$out/$name.log" || { tail -n 20 "$out/$name.log"; exit 1; }
   python3 bench/cuda/profile_summary.py ncu "$out/$name.csv"
 fi

@@ -467,6 +467,48 @@ CaseResult run_case(const GemmCase& c) {
     if (!untouched(act_q_bytes, act_n)) fail("quantize_rows wrote rows past the groups");
     gemm2_in = want.value;
   }
+
+  // Where GEMM1 quantises its own output (gemm1_quantizes): the codes and scales that
+  // quantize_rows_e4m3 made from its f32 output, bit for bit, and nothing past the groups.
+  const bool static_act = c.format == Format::fp8_static;
+  const int act_group = c.format == Format::fp8_block ? 128 : 0;
+  if (fp8 && moekit::cuda_gemm::gemm1_quantizes(choice, act_group, static_act)) {
+    DeviceBuffer fused_q(static_cast<size_t>(capacity) * I);
+    DeviceBuffer fused_scales(static_cast<size_t>(capacity) * act_groups * 4);
+    fused_q.poison();
+    fused_scales.poison();
+    moekit::cuda_gemm::launch_gemm1(
+        {.dtype = dtype,
+         .x = d_x->as<void>(),
+         .w13 = d_w13->as<void>(),
+         .scales = scales_of(w13, *d_w13_scales, d_x_scales->as<float>()),
+         .offsets = d_offsets->as<int32_t>(),
+         .num_experts = E,
+         .rows = capacity,
+         .hidden = H,
+         .intermediate = I,
+         .activation = c.activation,
+         .act = act.as<void>(),
+         .quantized = {.out = fused_q.as<uint8_t>(),
+                       .scales = fused_scales.as<float>(),
+                       .static_scale = static_act ? d_act_static->as<float>() : nullptr},
+         .choice = choice},
+        nullptr);
+    check(cudaDeviceSynchronize(), c.name.c_str());
+    const std::vector<uint8_t> q = fused_q.download(), q_scales = fused_scales.download();
+    if (!std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(act_n),
+                    act_q_bytes.begin())) {
+      fail("GEMM1's own quantisation differs from quantize_rows'");
+    }
+    const size_t scale_bytes = static_cast<size_t>(rows) * act_groups * 4;
+    if (!static_act &&
+        !std::equal(q_scales.begin(), q_scales.begin() + static_cast<std::ptrdiff_t>(scale_bytes),
+                    act_scale_bytes.begin())) {
+      fail("GEMM1's own quantisation scales differ from quantize_rows'");
+    }
+    if (!untouched(q, act_n)) fail("GEMM1's own quantisation wrote rows past the groups");
+    summary << " (gemm1 quantises)";
+  }
   const size_t out_n = static_cast<size_t>(rows) * H;
   const std::vector<double> out_got = values_of(out_bytes, out_n, Format::fp8_block);
   const double e2 = relative_l2(out_got, gemm2(c, offsets, gemm2_in, w2.value, route));

@@ -280,7 +280,25 @@ void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
   p.activation = args.activation;
   p.out_f32 = s.elem == Elem::e4m3;
   const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
+  const Gemm1Quantized& q = args.quantized;
+  if (q.out != nullptr) {
+    const bool static_scale = q.static_scale != nullptr;
+    if (s.elem != Elem::e4m3 ||
+        !gemm1_quantizes(args.choice, static_scale ? 0 : 128, static_scale)) {
+      bad("gemm1.quantized: " + args.choice.str() + " on " + std::string(dtype_name(args.dtype)) +
+          " does not quantise its output (gemm1_quantizes); run quantize_rows_e4m3 after it");
+    }
+    if (!static_scale && q.scales == nullptr) bad("gemm1.quantized: dynamic scales need `scales`");
+    p.q_out = q.out;
+    p.q_scales = q.scales;
+    p.q_static = q.static_scale;
+  }
   launch(s, p, per_block, args.rows, args.choice, stream);
+}
+
+bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale) {
+  return choice.kernel == GemmKernel::wgmma && choice.token_tile == detail::kWgmmaQuantizingRows &&
+         (static_scale || activation_group == 128);
 }
 
 void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {

@@ -12,7 +12,8 @@
 //   out  [rows, H] f32    GEMM2 output, out[r] = route_weight[r] * (act[r] . w2 rows)
 // fp8 formats: x, w13, w2 and GEMM2's act are e4m3 with f32 scales (Fp8Scales). GEMM1 writes its
 // activation in f32 and quantize_rows_e4m3 quantises it for GEMM2, per row per 128 columns or
-// per row, dynamic or static, as docs/QUANTIZATION.md defines.
+// per row, dynamic or static, as docs/QUANTIZATION.md defines; or, where gemm1_quantizes says
+// the kernel can, GEMM1 writes the e4m3 codes and scales itself (Gemm1Quantized).
 //
 // Every launch enqueues on the given stream and returns: no allocation, no host
 // synchronisation (capturable in a CUDA graph). No float atomics: the same inputs give
@@ -84,6 +85,21 @@ struct Fp8Scales {
   bool activation_static = false;
 };
 
+// Where GEMM1 writes GEMM2's e4m3 input itself, in its epilogue, instead of the f32 activation
+// that quantize_rows_e4m3 would read (one launch and the f32 rows' round trip fewer): the same
+// codes and scales, bit for bit.
+struct Gemm1Quantized {
+  uint8_t* out = nullptr;               // [rows, I] e4m3; null: GEMM1 writes `act` in f32
+  float* scales = nullptr;              // [rows, ceil(I / 128)] (dynamic scales)
+  const float* static_scale = nullptr;  // one f32 on the device; nullptr: dynamic, per 128
+};
+
+// Whether GEMM1 with `choice` can quantise its output for GEMM2 (Gemm1Args::quantized): the
+// wgmma kernel with tiles of 64 rows, whose CTA holds 128 whole columns of its rows (one
+// activation scale group), for scales per 128 columns or a static one. Not for a scale over the
+// whole row (fp8-tensor, dynamic), which spans CTAs.
+bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale);
+
 struct Gemm1Args {
   DType dtype = DType::bf16;  // of x and w13: bf16, f16 or f8e4m3
   const void* x = nullptr;
@@ -95,7 +111,8 @@ struct Gemm1Args {
   int hidden = 0;
   int intermediate = 0;
   Activation activation;
-  void* act = nullptr;  // [rows, I]: dtype for bf16/f16, f32 for f8e4m3
+  void* act = nullptr;       // [rows, I]: dtype for bf16/f16, f32 for f8e4m3
+  Gemm1Quantized quantized;  // f8e4m3 where gemm1_quantizes(choice, ...): act is not written
   GemmChoice choice;
 };
 

@@ -60,6 +60,13 @@ struct Params {
   int slices;      // decode: slices of 32 weight rows per CTA
   bool out_f32;
   Activation activation;
+  // GEMM1 of an fp8 format where the kernel quantises its output for GEMM2 in its epilogue
+  // (gemm1_quantizes): e4m3 codes [rows, n] and, for dynamic scales, one scale per row per 128
+  // columns [rows, ceil(n / 128)], as quantize_rows_e4m3 writes them; q_static: the static
+  // scale instead. q_out null: `out` takes the f32 activation.
+  uint8_t* q_out;
+  float* q_scales;
+  const float* q_static;
 };
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

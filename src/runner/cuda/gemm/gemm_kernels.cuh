@@ -84,6 +84,9 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
 // rows of one CTA for a token tile (64 or 128), and the launch (`rows`: the rows the GEMM
 // input buffer holds, which its tensor map spans).
 int wgmma_cols(bool e4m3, int token_tile);
+// The token tile whose e4m3 GEMM1 CTA covers 128 whole output columns (both warpgroups on the
+// same 64 rows), so that its epilogue can quantise them for GEMM2 (gemm1_quantizes).
+inline constexpr int kWgmmaQuantizingRows = 64;
 template <Elem kElem>
 void launch_wgmma(const Params& p, const Variant& v, int token_tile, int64_t rows, unsigned grid,
                   cudaStream_t stream);

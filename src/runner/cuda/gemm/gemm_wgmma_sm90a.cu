@@ -15,6 +15,11 @@
 #endif
 
 namespace moekit::cuda_gemm::detail {
+
+static_assert(Wgmma64x256::kRows == kWgmmaQuantizingRows && Wgmma64x256::kGroupsM == 1 &&
+                  Wgmma64x256::kCols / 2 == 128,
+              "the quantising GEMM1 tile holds 128 whole columns of its rows");
+
 namespace {
 
 // cuTensorMapEncodeTiled from the driver, through the runtime: the binary links no libcuda.

@@ -21,6 +21,7 @@
 // accumulators (with the K block's scales for fp8-block), as DeepSeek-V3's kernels do.
 
 #include <cuda.h>
+#include <cuda_fp8.h>
 
 #include "runner/cuda/gemm/gemm_device.cuh"
 #include "runner/cuda/gemm/wgmma_ops.cuh"
@@ -255,6 +256,64 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     return 1.0f;
   };
   const int q = lane & 3;
+  if constexpr (kGated && kFp8 && S::kGroupsM == 1) {
+    if (p.q_out != nullptr) {
+      // GEMM2's e4m3 input, quantised here as quantize_rows_e4m3 would quantise the f32 values
+      // this epilogue otherwise stores (the same values, amax, scale and rounding): both
+      // warpgroups hold the same 64 rows and 64 columns each of the CTA's 128, one scale group.
+      __shared__ float half_amax[2][64];
+      float v[2][kN / 16][2];
+      float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = tile.row0 + row_in_tile[h];
+#pragma unroll
+        for (int chunk = 0; chunk < kN / 16; ++chunk) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int col = group_col0 + chunk * 8 + 2 * q + j;
+            float value = 0.0f;
+            if (row_in_tile[h] < tile.rows && col < p.n) {
+              const float gate = acc[chunk * 4 + 2 * h + j] * tensor_scale(0, col, row);
+              const float up = acc[(chunk + kN / 16) * 4 + 2 * h + j] * tensor_scale(1, col, row);
+              value = activate(p.activation, gate, up);
+            }
+            v[h][chunk][j] = value;
+            amax[h] = fmaxf(amax[h], fabsf(value));
+          }
+        }
+        // The quad's four threads hold the row's 64 columns of this warpgroup.
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
+        if (q == 0) half_amax[gn][row_in_tile[h]] = amax[h];
+      }
+      // The two consumer warpgroups alone (the producer warp has left): named barrier 1.
+      asm volatile("bar.sync 1, %0;\n" ::"n"(S::kConsumers) : "memory");
+      const int groups = (p.n + 127) / 128;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_in_tile[h];
+        if (r >= tile.rows) continue;
+        const int64_t row = tile.row0 + r;
+        const float scale = p.q_static != nullptr
+                                ? __ldg(p.q_static)
+                                : fmaxf(fmaxf(half_amax[0][r], half_amax[1][r]), 1e-10f) / 448.0f;
+        if (p.q_static == nullptr && gn == 0 && q == 0) p.q_scales[row * groups + n0 / 128] = scale;
+#pragma unroll
+        for (int chunk = 0; chunk < kN / 16; ++chunk) {
+          const int col = group_col0 + chunk * 8 + 2 * q;
+          if (col >= p.n) continue;
+          const auto lo = static_cast<uint16_t>(
+              __nv_cvt_float_to_fp8(v[h][chunk][0] / scale, __NV_SATFINITE, __NV_E4M3));
+          const auto hi = static_cast<uint16_t>(
+              __nv_cvt_float_to_fp8(v[h][chunk][1] / scale, __NV_SATFINITE, __NV_E4M3));
+          *reinterpret_cast<uint16_t*>(p.q_out + row * p.n + col) =
+              static_cast<uint16_t>(lo | (hi << 8));
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row_in_tile[h];
