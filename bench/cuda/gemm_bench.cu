@@ -148,6 +148,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
   std::vector<cudaGraphExec_t> g1(kRoutings), g2(kRoutings), both(kRoutings);
   const Fp8Scales s13{w13_scales, 128, 128, x_scales, 128, false};
   const Fp8Scales s2{w2_scales, 128, 128, act_scales, 128, false};
+  // As the runner does: GEMM1 quantises GEMM2's input itself where its kernel can.
+  const bool quantizes = fp8 && gemm1_quantizes(choice, 128, false);
   const auto first_gemm = [&](int r) {
     launch_gemm1({.dtype = dtype,
                   .x = x,
@@ -160,9 +162,11 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
                   .intermediate = m.I,
                   .activation = Activation::SiluGated(),
                   .act = act,
+                  .quantized = quantizes ? Gemm1Quantized{.out = act_q, .scales = act_scales}
+                                         : Gemm1Quantized{},
                   .choice = choice},
                  stream);
-    if (fp8) {
+    if (fp8 && !quantizes) {
       launch_quantize_rows_e4m3({.in = static_cast<float*>(act),
                                  .offsets = offsets[r],
                                  .num_experts = m.E,

@@ -403,6 +403,7 @@ CaseResult run_case(const GemmCase& c) {
          .intermediate = I,
          .activation = c.activation,
          .act = act.as<void>(),
+         .quantized = {},  // f32 out, quantize_rows after it; GEMM1's own quantisation below
          .choice = choice},
         nullptr);
     if (fp8) {

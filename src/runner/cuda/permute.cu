@@ -236,6 +236,9 @@ struct GatherParams {
   // hidden_size % 8 == 0 and both row arrays 16-byte aligned: whole pieces move as vectors.
   bool vec;
   const float* static_scale;
+  // e4m3 with dynamic scales per 128 columns on vector rows: a warp quantises each group
+  // (gather_groups_e4m3), and a row can be split across blocks (kSegmentCols).
+  bool warp_groups;
 };
 
 constexpr int kGatherThreads = 256;
@@ -278,10 +281,66 @@ __device__ void load_piece(const GatherParams& p, int64_t index, int64_t c, floa
 // the second pass.
 // Row r of the grouped layout from entry `entry` (-1: a padding row of zeros), by the whole
 // block (kGatherThreads threads; every thread calls it).
+// A decode step's few rows are split across blocks of this many columns (a multiple of the
+// 128-column groups and of the pieces) where the row's format allows, so that more SMs load
+// them (sort_and_gather).
+constexpr int kSegmentCols = 1024;
+
+// Columns [c0, c1) of row r, c0 a multiple of 128, e4m3 per 128 columns (GatherParams::
+// warp_groups): a warp per group, 4 columns a lane, the group's amax by shuffles; no shared
+// memory, no block barrier. The same values, amax, scale and rounding as gather_row's passes.
+__device__ void gather_groups_e4m3(const GatherParams& p, int64_t r, int64_t source, int c0,
+                                   int c1) {
+  const int hidden = static_cast<int>(p.hidden_size);
+  const int lane = threadIdx.x % 32;
+  auto* out = static_cast<__nv_fp8_storage_t*>(p.rows) + r * p.hidden_size;
+  for (int g0 = c0 + threadIdx.x / 32 * 128; g0 < c1; g0 += kGatherThreads / 32 * 128) {
+    const int c = g0 + 4 * lane;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (source >= 0 && c < hidden) {  // H % 8 == 0: four columns are whole or past the row
+      if (p.hidden_dtype == DType::f32) {
+        const float4 a = __ldg(
+            reinterpret_cast<const float4*>(static_cast<const float*>(p.hidden) + source + c));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      } else {
+        const uint2 raw = __ldg(
+            reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.hidden) + source + c));
+        const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const auto bits = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+          v[i] = p.hidden_dtype == DType::bf16 ? __bfloat162float(__ushort_as_bfloat16(bits))
+                                               : __half2float(__ushort_as_half(bits));
+        }
+      }
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, d));
+    const float scale = fmaxf(amax, 1e-10f) / 448.0f;
+    if (lane == 0) p.scales[r * p.groups_per_row + g0 / 128] = scale;
+    if (c < hidden) {
+      uint32_t word = 0u;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        word |=
+            static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3))
+            << (8 * i);
+      }
+      *reinterpret_cast<uint32_t*>(out + c) = word;
+    }
+  }
+}
+
+// Columns [c0, c1) of the row: a segment where the format allows (16-bit rows, or
+// GatherParams::warp_groups), else the whole row.
 __device__ void gather_row(const GatherParams& p, int64_t r, int32_t entry,
-                           unsigned int* group_amax) {
+                           unsigned int* group_amax, int c0, int c1) {
   const int64_t H = p.hidden_size;
   const int64_t source = entry >= 0 ? static_cast<int64_t>(entry / p.columns) * H : -1;
+  if (p.warp_groups) {
+    gather_groups_e4m3(p, r, source, c0, c1);
+    return;
+  }
   const int64_t pieces = (H + kPiece - 1) / kPiece;
   const auto values = [&](int64_t c, float(&v)[kPiece]) {
     if (source >= 0) {
@@ -292,7 +351,8 @@ __device__ void gather_row(const GatherParams& p, int64_t r, int32_t entry,
     }
   };
   if (p.rows_dtype != DType::f8e4m3) {
-    for (int64_t piece = threadIdx.x; piece < pieces; piece += kGatherThreads) {
+    const int64_t last = min(pieces, (static_cast<int64_t>(c1) + kPiece - 1) / kPiece);
+    for (int64_t piece = c0 / kPiece + threadIdx.x; piece < last; piece += kGatherThreads) {
       const int64_t c = piece * kPiece;
       float v[kPiece];
       values(c, v);
@@ -393,7 +453,7 @@ __global__ void gather_kernel(GatherParams p) {
   } else if (r >= p.offsets[p.n_slots]) {
     return;
   }
-  gather_row(p, r, p.row_source[r], group_amax);
+  gather_row(p, r, p.row_source[r], group_amax, 0, static_cast<int>(p.hidden_size));
 }
 
 // sort_by_slot then gather_rows for a batch of at most kTinyEntries entries, contiguous layout,
@@ -425,7 +485,7 @@ __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
     if (lane == 0) rows_used = used;
   }
   __syncthreads();
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && blockIdx.y == 0) {
     for (int e = threadIdx.x; e < entries; e += blockDim.x) {
       s.entry_row[e] = row_of_entry[e];
       if (row_of_entry[e] >= 0) s.row_source[row_of_entry[e]] = e;
@@ -447,7 +507,11 @@ __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
   for (int e = 0; e < entries; ++e) {
     if (row_of_entry[e] == r) entry = e;
   }
-  gather_row(p, r, entry, group_amax);
+  // Segment blockIdx.y of the row (a grid of one segment where the row is not split).
+  const int c0 = static_cast<int>(blockIdx.y) * kSegmentCols;
+  const int c1 = gridDim.y == 1 ? static_cast<int>(p.hidden_size)
+                                : min(c0 + kSegmentCols, static_cast<int>(p.hidden_size));
+  gather_row(p, r, entry, group_amax, c0, c1);
 }
 
 struct CombineParams {
@@ -671,22 +735,24 @@ GatherLaunch checked_gather(const GatherArgs& args) {
   const int64_t groups = (args.hidden_size + args.quant_group - 1) / args.quant_group;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const bool vec = args.hidden_size % kPiece == 0 && aligned(args.hidden) && aligned(args.rows);
-  const GatherParams p{args.hidden,
-                       args.hidden_dtype,
-                       args.hidden_size,
-                       args.columns,
-                       args.row_source,
-                       args.offsets,
-                       args.counts,
-                       args.n_slots,
-                       args.capacity,
-                       args.rows,
-                       out,
-                       args.scales,
-                       args.quant_group,
-                       groups,
-                       vec,
-                       args.static_scale};
+  const GatherParams p{
+      args.hidden,
+      args.hidden_dtype,
+      args.hidden_size,
+      args.columns,
+      args.row_source,
+      args.offsets,
+      args.counts,
+      args.n_slots,
+      args.capacity,
+      args.rows,
+      out,
+      args.scales,
+      args.quant_group,
+      groups,
+      vec,
+      args.static_scale,
+      out == DType::f8e4m3 && vec && args.static_scale == nullptr && args.quant_group == 128};
   const auto shared = out == DType::f8e4m3 ? static_cast<size_t>(groups) * sizeof(unsigned) : 0;
   if (shared > static_cast<size_t>(kSharedLimit)) {
     cuda_errors::invalid_argument("gather_rows: " + str(groups) + " e4m3 groups per row are more " +
@@ -725,9 +791,11 @@ void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_
     cuda_errors::invalid_argument("sort_and_gather: max_rows " + str(gather.max_rows) +
                                   " is below the layout's " + str(entries) + " rows");
   }
-  // One block per row the layout can hold (tile 1: one per entry).
-  cuda_launch::launch(sort_gather_tiny_kernel, static_cast<unsigned>(entries), kGatherThreads,
-                      g.shared, stream, s, g.p);
+  // One block per row the layout can hold (tile 1: one per entry) and segment of the row.
+  const bool split = g.p.rows_dtype != DType::f8e4m3 || g.p.warp_groups;
+  const dim3 grid(static_cast<unsigned>(entries),
+                  split ? cuda_common::blocks_for(gather.hidden_size, kSegmentCols) : 1u);
+  cuda_launch::launch(sort_gather_tiny_kernel, grid, kGatherThreads, g.shared, stream, s, g.p);
   cuda_common::check_launch("sort_and_gather");
 }
 

@@ -98,7 +98,15 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     }
     fence_mbarrier_init();
   }
-  cuda_launch::wait_for_inputs();
+  // GEMM1 waits for its inputs before it reads the sort's offsets (the one-launch sort + gather
+  // writes them in the kernel before it), then lets GEMM2 be scheduled: GEMM2's CTAs take the
+  // SMs GEMM1's CTAs leave (neither fits beside the other) and start loading weights there.
+  // GEMM2 finds its tile before the wait: its offsets come from the sort, which completed
+  // before GEMM1 could pass its own wait.
+  if constexpr (kGated) {
+    cuda_launch::wait_for_inputs();
+    cuda_launch::release_dependents();
+  }
   const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
   // Its block barriers also publish the mbarriers' initialisation.
   const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
@@ -114,15 +122,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     // The producer: one thread issues every copy.
     if (tid != S::kConsumers) return;
     const int expert_row0 = tile.expert * (kGated ? 2 : 1) * p.n;
-    for (int step = 0; step < steps; ++step) {
+    const auto load_weights = [&](int step, uint32_t bar) {
       const int stage = step % S::kStages;
-      if (step >= S::kStages) {
-        mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
-      }
-      const uint32_t bar = smem_address(&full[stage]);
-      mbarrier_expect_tx(bar, S::kStageBytes);
-      const int k_byte = step * kStepBytes;
-      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, k_byte, tile.row0, bar);
 #pragma unroll
       for (int b = 0; b < S::kCols / kBoxRows; ++b) {
         int row = n0 + b * kBoxRows;
@@ -131,12 +132,31 @@ __global__ void __launch_bounds__(S::kThreads, 1)
           const int col = n0 + (b / 2) * kHalf;
           row = b % 2 == 0 ? col : p.n + col;
         }
-        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map, k_byte,
-                    expert_row0 + row, bar);
+        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map,
+                    step * kStepBytes, expert_row0 + row, bar);
       }
+    };
+    // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
+    const int early = kGated ? 0 : min(steps, S::kStages);
+    for (int step = 0; step < early; ++step) {
+      const uint32_t bar = smem_address(&full[step]);
+      mbarrier_add_tx(bar, S::kStageB);
+      load_weights(step, bar);
+    }
+    if constexpr (!kGated) cuda_launch::wait_for_inputs();
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step % S::kStages;
+      if (step >= S::kStages) {
+        mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
+      }
+      const uint32_t bar = smem_address(&full[stage]);
+      mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
+      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
+      if (step >= early) load_weights(step, bar);
     }
     return;
   }
+  if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales
 
   const int group = tid / 128, lane = tid & 31, warp = tid >> 5, warp_in_group = warp & 3;
   const int gm = group % S::kGroupsM, gn = group / S::kGroupsM;

@@ -46,6 +46,13 @@ __device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, int bytes) {
                : "memory");
 }
 
+// More bytes this phase waits for, without an arrival: a stage whose copies are issued in two
+// rounds (the weights before the kernel's inputs are ready, the rows after).
+__device__ __forceinline__ void mbarrier_add_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
