@@ -134,9 +134,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(2024);
 
   // The experts' weights, in the CPU buffer or the repacking one.
-  ggml_init_params weight_params{.mem_size = 4 * ggml_tensor_overhead(),
-                                 .mem_buffer = nullptr,
-                                 .no_alloc = true};
+  ggml_init_params weight_params{
+      .mem_size = 4 * ggml_tensor_overhead(), .mem_buffer = nullptr, .no_alloc = true};
   ggml_context* wctx = ggml_init(weight_params);
   ggml_tensor* gate = ggml_new_tensor_3d(wctx, o.type, kHidden, kIntermediate, kExperts);
   ggml_tensor* up = ggml_new_tensor_3d(wctx, o.type, kHidden, kIntermediate, kExperts);
@@ -152,19 +151,19 @@ int main(int argc, char** argv) {
   ggml_backend_buffer_set_usage(wbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
   const float sigma_in = 1.0f / std::sqrt(static_cast<float>(kHidden));
   const float sigma_out = 1.0f / std::sqrt(static_cast<float>(kIntermediate));
-  for (auto [t, n_per_row, rows, sigma] :
-       {std::tuple{gate, kHidden, kIntermediate, sigma_in}, std::tuple{up, kHidden, kIntermediate, sigma_in},
-        std::tuple{down, kIntermediate, kHidden, sigma_out}}) {
+  for (auto [t, n_per_row, rows, sigma] : {std::tuple{gate, kHidden, kIntermediate, sigma_in},
+                                           std::tuple{up, kHidden, kIntermediate, sigma_in},
+                                           std::tuple{down, kIntermediate, kHidden, sigma_out}}) {
     const std::vector<uint8_t> bytes =
         random_weights(o.type, n_per_row, int64_t{rows} * kExperts, rows, sigma, rng);
     ggml_backend_tensor_set(t, bytes.data(), 0, bytes.size());
   }
 
   for (const int T : o.tokens) {
-    ggml_init_params graph_params{.mem_size = 64 * ggml_tensor_overhead() +
-                                              ggml_graph_overhead_custom(256, false),
-                                  .mem_buffer = nullptr,
-                                  .no_alloc = true};
+    ggml_init_params graph_params{
+        .mem_size = 64 * ggml_tensor_overhead() + ggml_graph_overhead_custom(256, false),
+        .mem_buffer = nullptr,
+        .no_alloc = true};
     ggml_context* ctx = ggml_init(graph_params);
     ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kHidden, T);
     ggml_tensor* logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kExperts, T);
@@ -186,8 +185,7 @@ int main(int argc, char** argv) {
     experts = ggml_mul(ctx, experts, weights);
     ggml_tensor* out = nullptr;
     for (int j = 0; j < kTopK; ++j) {
-      ggml_tensor* row =
-          ggml_view_2d(ctx, experts, kHidden, T, experts->nb[2], j * experts->nb[1]);
+      ggml_tensor* row = ggml_view_2d(ctx, experts, kHidden, T, experts->nb[2], j * experts->nb[1]);
       out = out == nullptr ? row : ggml_add(ctx, out, row);
     }
     ggml_set_output(out);
@@ -200,8 +198,8 @@ int main(int argc, char** argv) {
     std::vector<float> hidden(static_cast<size_t>(kHidden) * T);
     for (float& v : hidden) v = normal(rng);
     ggml_backend_tensor_set(x, hidden.data(), 0, hidden.size() * sizeof(float));
-    std::vector<std::vector<float>> logit_sets(kLogitSets,
-                                               std::vector<float>(static_cast<size_t>(kExperts) * T));
+    std::vector<std::vector<float>> logit_sets(
+        kLogitSets, std::vector<float>(static_cast<size_t>(kExperts) * T));
     for (auto& set : logit_sets)
       for (float& v : set) v = normal(rng);
 
