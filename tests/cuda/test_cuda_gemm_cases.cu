@@ -386,11 +386,8 @@ CaseResult run_case(const GemmCase& c) {
   };
   const float* gemm2_scales =
       c.format == Format::fp8_static ? d_act_static->as<float>() : act_scales.as<float>();
-  const auto run = [&]() {
-    act.poison();
-    act_q.poison();
-    act_scales.poison();
-    out.poison();
+  // GEMM1 into `act` (f32 for fp8), or quantising its output itself into `quantized`.
+  const auto launch_first_gemm = [&](const moekit::cuda_gemm::Gemm1Quantized& quantized) {
     moekit::cuda_gemm::launch_gemm1(
         {.dtype = dtype,
          .x = d_x->as<void>(),
@@ -403,9 +400,16 @@ CaseResult run_case(const GemmCase& c) {
          .intermediate = I,
          .activation = c.activation,
          .act = act.as<void>(),
-         .quantized = {},  // f32 out, quantize_rows after it; GEMM1's own quantisation below
+         .quantized = quantized,
          .choice = choice},
         nullptr);
+  };
+  const auto run = [&]() {
+    act.poison();
+    act_q.poison();
+    act_scales.poison();
+    out.poison();
+    launch_first_gemm({});  // f32 out, quantize_rows after it; GEMM1's own quantisation below
     if (fp8) {
       moekit::cuda_gemm::launch_quantize_rows_e4m3(
           {.in = act.as<float>(),
@@ -478,23 +482,9 @@ CaseResult run_case(const GemmCase& c) {
     DeviceBuffer fused_scales(static_cast<size_t>(capacity) * act_groups * 4);
     fused_q.poison();
     fused_scales.poison();
-    moekit::cuda_gemm::launch_gemm1(
-        {.dtype = dtype,
-         .x = d_x->as<void>(),
-         .w13 = d_w13->as<void>(),
-         .scales = scales_of(w13, *d_w13_scales, d_x_scales->as<float>()),
-         .offsets = d_offsets->as<int32_t>(),
-         .num_experts = E,
-         .rows = capacity,
-         .hidden = H,
-         .intermediate = I,
-         .activation = c.activation,
-         .act = act.as<void>(),
-         .quantized = {.out = fused_q.as<uint8_t>(),
+    launch_first_gemm({.out = fused_q.as<uint8_t>(),
                        .scales = fused_scales.as<float>(),
-                       .static_scale = static_act ? d_act_static->as<float>() : nullptr},
-         .choice = choice},
-        nullptr);
+                       .static_scale = static_act ? d_act_static->as<float>() : nullptr});
     check(cudaDeviceSynchronize(), c.name.c_str());
     const std::vector<uint8_t> q = fused_q.download(), q_scales = fused_scales.download();
     if (!std::equal(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(act_n),
