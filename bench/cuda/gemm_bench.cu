@@ -8,7 +8,8 @@
 //
 //   gemm_bench [--quick] [--no-others] [--json FILE]
 //     --quick      T <= 64 only
-//     --no-others  only the heuristic's choice (not also the other kernel on each case)
+//     --no-others  only the heuristic's choice (not also the other kernels on each case, nor, for
+//                  fp8, the quantisation kernel in place of GEMM1's own quantisation)
 //     --json FILE  the results as JSON
 // prints one line per case, a table, and a one-line summary last.
 
@@ -104,8 +105,10 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, void* w13, void* w2,
-                float* w13_scales, float* w2_scales) {
+// own_quantization: fp8's GEMM1 quantises GEMM2's input itself (where gemm1_quantizes allows),
+// else quantize_rows_e4m3 runs after it.
+Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bool own_quantization,
+                void* w13, void* w2, float* w13_scales, float* w2_scales) {
   const bool fp8 = dtype == DType::f8e4m3;
   const int eb = fp8 ? 1 : 2;
   const int64_t rows = static_cast<int64_t>(T) * m.k;
@@ -148,8 +151,7 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
   std::vector<cudaGraphExec_t> g1(kRoutings), g2(kRoutings), both(kRoutings);
   const Fp8Scales s13{w13_scales, 128, 128, x_scales, 128, false};
   const Fp8Scales s2{w2_scales, 128, 128, act_scales, 128, false};
-  // As the runner does: GEMM1 quantises GEMM2's input itself where its kernel can.
-  const bool quantizes = fp8 && gemm1_quantizes(choice, 128, false);
+  const bool quantizes = fp8 && own_quantization && gemm1_quantizes(choice, 128, false);
   const auto first_gemm = [&](int r) {
     launch_gemm1({.dtype = dtype,
                   .x = x,
@@ -255,7 +257,7 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, vo
   res.floor_ms = floor_ms;
   res.tbps = bytes / (res.ms_total * 1e-3) / 1e12;
   res.tflops = flops / (res.ms_total * 1e-3) / 1e12;
-  res.choice = choice.str();
+  res.choice = choice.str() + (quantizes ? "+q" : "");
   std::printf(
       "%-28s %-11s total %9.1f us  gemm1 %9.1f  gemm2 %9.1f  floor %9.1f us  %5.1f%%  "
       "%5.2f TB/s  %6.1f TFLOP/s\n",
@@ -303,7 +305,7 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   for (const Model& m : {dsv3, qwen}) {
     const std::vector<int> ts = m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096, 16384}
-                                              : std::vector<int>{1, 64, 512, 4096};
+                                              : std::vector<int>{1, 8, 64, 512, 4096};
     for (DType dtype : {DType::bf16, DType::f8e4m3}) {
       const bool fp8 = dtype == DType::f8e4m3;
       const int eb = fp8 ? 1 : 2;
@@ -318,9 +320,15 @@ int main(int argc, char** argv) {
         if (quick && T > 64) continue;
         const GemmChoice chosen =
             choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count, cc});
-        results.push_back(run_case(m, dtype, T, chosen, w13, w2, w13_scales, w2_scales));
-        // The other kernels and tiles on the same case, to check the heuristic against.
+        // As the runner does: GEMM1 quantises GEMM2's input itself where its kernel can.
+        results.push_back(run_case(m, dtype, T, chosen, true, w13, w2, w13_scales, w2_scales));
+        // The other kernels and tiles on the same case, to check the heuristic against, and
+        // for fp8 the quantisation kernel instead of GEMM1's own.
         if (!others) continue;
+        if (fp8 && gemm1_quantizes(chosen, 128, false)) {
+          std::printf("  other: ");
+          run_case(m, dtype, T, chosen, false, w13, w2, w13_scales, w2_scales);
+        }
         for (const GemmChoice& other :
              {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1},
               GemmChoice{GemmKernel::prefill, 128, 1, 1}, GemmChoice{GemmKernel::wgmma, 64, 1, 1},
@@ -330,7 +338,7 @@ int main(int argc, char** argv) {
           // Decode past a few dozen rows per expert is far behind and slow to run.
           if (other.kernel == GemmKernel::decode && int64_t{T} * m.k > 32 * m.E) continue;
           std::printf("  other: ");
-          run_case(m, dtype, T, other, w13, w2, w13_scales, w2_scales);
+          run_case(m, dtype, T, other, true, w13, w2, w13_scales, w2_scales);
         }
       }
       cudaFree(w13);
