@@ -43,6 +43,11 @@ struct Options {
   int warmup = 2;
 };
 
+[[noreturn]] void fail(const char* why) {
+  std::fprintf(stderr, "ggml_moe_layer: %s\n", why);
+  std::exit(1);
+}
+
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "ggml_moe_layer: %s\nusage: ggml_moe_layer --type bf16|q4_0|q4_K|q8_0 [--repack] "
@@ -144,7 +149,7 @@ int main(int argc, char** argv) {
   std::string layout = "plain";
   if (o.repack && o.type != GGML_TYPE_BF16) {
     buft = repack_buffer_type(cpu);
-    if (buft == nullptr) usage("this ggml has no CPU_REPACK buffer type");
+    if (buft == nullptr) fail("this ggml has no CPU_REPACK buffer type");
     layout = "repacked";
   }
   ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
@@ -192,7 +197,7 @@ int main(int argc, char** argv) {
     ggml_cgraph* graph = ggml_new_graph_custom(ctx, 256, false);
     ggml_build_forward_expand(graph, out);
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
-    if (!ggml_gallocr_alloc_graph(galloc, graph)) usage("could not allocate the graph");
+    if (!ggml_gallocr_alloc_graph(galloc, graph)) fail("could not allocate the graph");
 
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> hidden(static_cast<size_t>(kHidden) * T);
@@ -209,7 +214,7 @@ int main(int argc, char** argv) {
       ggml_backend_tensor_set(logits, set.data(), 0, set.size() * sizeof(float));
       const auto start = std::chrono::steady_clock::now();
       if (ggml_backend_graph_compute(cpu, graph) != GGML_STATUS_SUCCESS) {
-        usage("graph compute failed");
+        fail("graph compute failed");
       }
       if (run >= o.warmup) times.push_back(ms_since(start));
     }

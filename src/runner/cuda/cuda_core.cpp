@@ -114,7 +114,7 @@ class CudaCore final : public RunnerCore {
                                   .activation_static = static_};
     };
     // fp8: GEMM1 quantises GEMM2's input itself where its kernel can (expert_gemm.hpp).
-    const bool gemm1_quantizes =
+    const bool quantized_by_gemm1 =
         fp8_ && cuda_gemm::gemm1_quantizes(choice, activation_block_cols, static_);
     const float* gemm2_static_scale = static_ ? w.device_input_scales + 1 : nullptr;
     cuda_gemm::launch_gemm1(
@@ -129,14 +129,14 @@ class CudaCore final : public RunnerCore {
          .intermediate = static_cast<int>(I),
          .activation = p_.activation,
          .act = a.act,
-         .quantized = gemm1_quantizes
+         .quantized = quantized_by_gemm1
                           ? cuda_gemm::Gemm1Quantized{.out = a.act_e4m3,
                                                       .scales = a.act_scales,
                                                       .static_scale = gemm2_static_scale}
                           : cuda_gemm::Gemm1Quantized{},
          .choice = choice},
         stream);
-    if (fp8_ && !gemm1_quantizes) {
+    if (fp8_ && !quantized_by_gemm1) {
       cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
                                             .offsets = a.offsets,
                                             .num_experts = p_.slots,
