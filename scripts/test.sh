@@ -4,12 +4,16 @@
 # summary of the TSan run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's start, in seconds since this script began: CI's whole run must stay under 45
+# minutes, and these lines say where the time goes.
+started=$SECONDS
+phase() { echo "== [$((SECONDS - started)) s] $*"; }
 scripts/setup.sh
 
-echo "== clang-format"
+phase "clang-format"
 git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
 
-echo "== fuzz: the readers of files users hand us (bounded time each)"
+phase "fuzz: the readers of files users hand us (bounded time each)"
 fuzzers=(spec_json_fuzzer:spec_json safetensors_fuzzer:safetensors hf_config_fuzzer:hf_config)
 CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF >/dev/null
 cmake --build build/fuzz -j "$(nproc)" --target "${fuzzers[@]%%:*}"
@@ -42,7 +46,7 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 rmdir "$findings"
 
-echo "== python: the test environment (build/pyenv, from PyPI; kept between runs)"
+phase "python: the test environment (build/pyenv, from PyPI; kept between runs)"
 scripts/python_env.sh
 
 # The gtest binary, one shard per core, each shard one process (a test's failure and the
@@ -71,13 +75,13 @@ run_gtest_shards() {
 }
 
 for flavour in release asan; do
-  echo "== $flavour build"
+  phase "$flavour build"
   scripts/build.sh "$flavour"
-  echo "== $flavour tests"
+  phase "$flavour tests"
   run_gtest_shards "build/$flavour/tests/moekit_tests"
   (cd "build/$flavour" && ctest --output-on-failure -j "$(nproc)" -LE gtest)
   if [ "$flavour" = release ]; then
-    echo "== python tests, against the release build's module"
+    phase "python tests, against the release build's module"
     PYTHONPATH=build/release/python build/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider
   fi
 done
@@ -86,9 +90,10 @@ done
 # on a thread of their own) in every format, and the AVX2 layer on all the machine's threads; one
 # process, since TSan is slow. The leading * takes the parameterised suites' prefixes. The TSan
 # test binary is built from the files holding these suites only (tests/CMakeLists.txt lists them).
-echo "== tsan build (the test binary only)"
+phase "tsan build (the test binary only)"
 scripts/build.sh tsan
-echo "== tsan tests: the ones that use threads"
+phase "tsan tests: the ones that use threads"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
   build/tsan/tests/moekit_tests --gtest_brief=1 \
   --gtest_filter='*ThreadPool*:*Overlapped*:*SharedExperts.*:*QuantizedLayerForms.*:*LayerThreads*:*CpuLayer*/all_*'
+phase "done"

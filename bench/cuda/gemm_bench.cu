@@ -152,6 +152,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
   const Fp8Scales s13{w13_scales, 128, 128, x_scales, 128, false};
   const Fp8Scales s2{w2_scales, 128, 128, act_scales, 128, false};
   const bool quantizes = fp8 && own_quantization && gemm1_quantizes(choice, 128, false);
+  Gemm1Quantized quantized{};
+  if (quantizes) quantized = {.out = act_q, .scales = act_scales};
   const auto first_gemm = [&](int r) {
     launch_gemm1({.dtype = dtype,
                   .x = x,
@@ -164,8 +166,7 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .intermediate = m.I,
                   .activation = Activation::SiluGated(),
                   .act = act,
-                  .quantized = quantizes ? Gemm1Quantized{.out = act_q, .scales = act_scales}
-                                         : Gemm1Quantized{},
+                  .quantized = quantized,
                   .choice = choice},
                  stream);
     if (fp8 && !quantizes) {
@@ -332,7 +333,11 @@ int main(int argc, char** argv) {
         for (const GemmChoice& other :
              {GemmChoice{GemmKernel::decode, 8, 1, 1}, GemmChoice{GemmKernel::prefill, 64, 1, 1},
               GemmChoice{GemmKernel::prefill, 128, 1, 1}, GemmChoice{GemmKernel::wgmma, 64, 1, 1},
-              GemmChoice{GemmKernel::wgmma, 128, 1, 1}}) {
+              GemmChoice{GemmKernel::wgmma, 128, 1, 1},
+              // wgmma's CTAs of 128 weight rows: both GEMMs, GEMM2 alone, GEMM1 alone.
+              GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 128},
+              GemmChoice{GemmKernel::wgmma, 64, 1, 1, 256, 128},
+              GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 256}}) {
           if (other.str() == chosen.str()) continue;
           if (other.kernel == GemmKernel::wgmma && cc != 90) continue;
           // Decode past a few dozen rows per expert is far behind and slow to run.

@@ -8,7 +8,7 @@
 #
 #   MOEKIT_BIN         a moekit binary to use instead of building one
 #   MOEKIT_BENCH_ARGS  more arguments for moekit bench (e.g. "--case qwen3-30b-a3b")
-#   MOEKIT_GEMM_BENCH  1: also build and run gemm_bench (the expert GEMMs alone, into BUILD_DIR)
+#   MOEKIT_GEMM_BENCH  1: also build and run gemm_bench (the expert GEMMs alone; OUT_DIR/gemm_bench.json)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:?usage: bench/cuda/run.sh BUILD_DIR OUT_DIR}
@@ -29,17 +29,8 @@ fi
 "$moekit" bench --device cuda --json "$out/bench_cuda.json" ${MOEKIT_BENCH_ARGS:-}
 bench_rc=$?
 if [ "${MOEKIT_GEMM_BENCH:-0}" = 1 ]; then
-  flags="-std=c++20 -O3 -gencode arch=compute_90,code=sm_90 -I include -I src"
-  mkdir -p "$build/gemm_bench"
-  for f in src/runner/cuda/gemm/gemm_bf16.cu src/runner/cuda/gemm/gemm_f16.cu \
-    src/runner/cuda/gemm/gemm_e4m3.cu src/runner/cuda/gemm/expert_gemm.cu; do
-    nvcc $flags -c "$f" -o "$build/gemm_bench/$(basename "$f").o" &
-  done
-  nvcc ${flags/compute_90,code=sm_90/compute_90a,code=sm_90a} -c src/runner/cuda/gemm/gemm_wgmma_sm90a.cu \
-    -o "$build/gemm_bench/gemm_wgmma_sm90a.cu.o" &
-  wait
-  nvcc $flags -o "$build/gemm_bench/gemm_bench" bench/cuda/gemm_bench.cu "$build"/gemm_bench/*.o &&
-    "$build/gemm_bench/gemm_bench" --json "$build/gemm_bench.json"
+  cmake --build "$build" -j "$(nproc)" --target gemm_bench &&
+    "$build/bench/cuda/gemm_bench" --json "$out/gemm_bench.json"
 fi
 python3 bench/cuda/compare.py "$out/bench_cuda.json" "$torch_json" "$out/bench_compare.json"
 compare_rc=$?

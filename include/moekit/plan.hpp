@@ -42,6 +42,8 @@ struct CudaGemmChoice {
   int token_tile = 8;    // rows of one expert per CTA
   int gemm1_slices = 1;  // decode: weight-row slices each CTA takes, GEMM1 and GEMM2
   int gemm2_slices = 1;
+  int gemm1_cols = 0;  // wgmma: weight rows per CTA, GEMM1 and GEMM2 (0: the tile's widest)
+  int gemm2_cols = 0;
 };
 struct CudaKernels {
   std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)

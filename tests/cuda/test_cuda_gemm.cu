@@ -72,10 +72,35 @@ TEST(CudaGemmChoice, HopperTakesWgmmaWherePrefillWouldRun) {
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 80).kernel, GemmKernel::decode);
   EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).token_tile, 64);
-  // Decode stays where it was: a tiny layer's 16-bit GEMMs at T = 1, rows not 16-byte aligned.
-  EXPECT_EQ(on(DType::bf16, 8, 128, 2048, 768, 90).kernel, GemmKernel::decode);
+  // Decode stays where rows are not 16-byte aligned.
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7166, 2048, 90).kernel, GemmKernel::decode);
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2056, 90).kernel, GemmKernel::decode);
+}
+
+TEST(CudaGemmChoice, HopperTilesOf64RowsTakeNarrowCtasWhereAnExpertHasFewWeightRows) {
+  const auto on = [](DType dtype, int64_t rows, int E, int H, int I) {
+    return choose_gemm({dtype, rows, E, H, I, 132, 90});
+  };
+  // Qwen3-30B-A3B: GEMM1's 1536 and GEMM2's 2048 weight rows per expert, at T = 1 and 512.
+  for (DType dtype : {DType::f8e4m3, DType::bf16}) {
+    for (int64_t rows : {8, 4096}) {
+      const auto c = on(dtype, rows, 128, 2048, 768);
+      EXPECT_EQ(c.kernel, GemmKernel::wgmma);
+      EXPECT_EQ(c.gemm1_cols, 128);
+      EXPECT_EQ(c.gemm2_cols, 128);
+    }
+  }
+  // DeepSeek-V3: 4096 and 7168, the widest CTAs.
+  const auto dsv3 = on(DType::f8e4m3, 8, 256, 7168, 2048);
+  EXPECT_EQ(dsv3.gemm1_cols, 0);
+  EXPECT_EQ(dsv3.gemm2_cols, 0);
+  // A hidden size past 2048 keeps GEMM2 wide while GEMM1 narrows.
+  const auto mixed = on(DType::f8e4m3, 8, 128, 4096, 768);
+  EXPECT_EQ(mixed.gemm1_cols, 128);
+  EXPECT_EQ(mixed.gemm2_cols, 0);
+  // Tiles of 128 rows have one width.
+  EXPECT_EQ(on(DType::bf16, 32768, 128, 2048, 768).token_tile, 128);
+  EXPECT_EQ(on(DType::bf16, 32768, 128, 2048, 768).gemm1_cols, 0);
 }
 
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
@@ -150,6 +175,12 @@ TEST(CudaGemmArguments, APrefillTileOtherThan64Or128IsRefused) {
 TEST(CudaGemmArguments, AWgmmaTileOtherThan64Or128IsRefused) {
   Gemm1Args a = gemm1_args();
   a.choice = {GemmKernel::wgmma, 256};
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.choice");
+}
+
+TEST(CudaGemmArguments, AWgmmaTileThatIsNotBuiltIsRefused) {
+  Gemm1Args a = gemm1_args();
+  a.choice = {GemmKernel::wgmma, 128, 1, 1, 128, 128};  // 128 x 128 is e4m3's alone
   EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.choice");
 }
 

@@ -529,7 +529,8 @@ std::vector<GemmCase> all_cases() {
   using moekit::cuda_gemm::GemmKernel;
   const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64},
       prefill128{GemmKernel::prefill, 128}, wgmma{GemmKernel::wgmma, 64},
-      wgmma128{GemmKernel::wgmma, 128};
+      wgmma128{GemmKernel::wgmma, 128}, wgmma_narrow{GemmKernel::wgmma, 64, 1, 1, 128, 128},
+      wgmma_narrow2{GemmKernel::wgmma, 64, 1, 1, 256, 128};
   const std::vector<int> few{0, 1, 3, 8, 0, 17}, many{0, 1, 64, 130, 7};
   // Tiles of 128 rows: a full one, a tail of 2 rows, three tiles with a tail past every warp's
   // first m16 tile, and one short tile.
@@ -590,6 +591,14 @@ std::vector<GemmCase> all_cases() {
         {n + "_wgmma128", f, 384, 256, many128, Activation::SiluGated(), true, wgmma128});
     cases.push_back({n + "_wgmma128_edges_swiglu", f, 208, 144, many128, Activation::SwigluOai(),
                      true, wgmma128});
+    // CTAs of 128 weight rows (64 per warpgroup), in both GEMMs and in GEMM2 alone (GEMM1 of
+    // 256 weight rows, which quantises its output for fp8).
+    cases.push_back(
+        {n + "_wgmma_narrow", f, 384, 256, many, Activation::SiluGated(), true, wgmma_narrow});
+    cases.push_back({n + "_wgmma_narrow_edges_swiglu", f, 208, 144, many, Activation::SwigluOai(),
+                     true, wgmma_narrow});
+    cases.push_back({n + "_wgmma_narrow_gemm2_edges", f, 208, 144, few, Activation::GeluGated(),
+                     true, wgmma_narrow2});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

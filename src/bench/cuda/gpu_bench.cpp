@@ -294,7 +294,13 @@ std::string gemm_path(const Plan& plan, int64_t tokens) {
   if (c.kernel == CudaGemmKernel::decode) {
     return fmt::format("decode/{}x{}", c.gemm1_slices, c.gemm2_slices);
   }
-  return fmt::format("{}/{}", cuda_gemm_kernel_name(c.kernel), c.token_tile);
+  std::string path = fmt::format("{}/{}", cuda_gemm_kernel_name(c.kernel), c.token_tile);
+  // wgmma's narrower CTAs, GEMM1's and GEMM2's weight rows (- for the tile's widest).
+  if (c.gemm1_cols != 0 || c.gemm2_cols != 0) {
+    const auto cols = [](int n) { return n == 0 ? std::string("-") : std::to_string(n); };
+    path += fmt::format("x{},{}", cols(c.gemm1_cols), cols(c.gemm2_cols));
+  }
+  return path;
 }
 
 struct TimedCase {

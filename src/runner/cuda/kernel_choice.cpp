@@ -18,12 +18,19 @@ CudaGemmKernel from_gemm(cuda_gemm::GemmKernel kernel) {
 }
 
 CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
-  return {up_to, from_gemm(c.kernel), c.token_tile, c.gemm1_slices, c.gemm2_slices};
+  return {.up_to_tokens = up_to,
+          .kernel = from_gemm(c.kernel),
+          .token_tile = c.token_tile,
+          .gemm1_slices = c.gemm1_slices,
+          .gemm2_slices = c.gemm2_slices,
+          .gemm1_cols = c.gemm1_cols,
+          .gemm2_cols = c.gemm2_cols};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
   return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
-         a.gemm2_slices == b.gemm2_slices;
+         a.gemm2_slices == b.gemm2_slices && a.gemm1_cols == b.gemm1_cols &&
+         a.gemm2_cols == b.gemm2_cols;
 }
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
@@ -58,6 +65,10 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
                         cuda_gemm_kernel_name(c.kernel), c.token_tile);
     if (c.kernel == CudaGemmKernel::decode) {
       text += fmt::format(" ({}/{} slices)", c.gemm1_slices, c.gemm2_slices);
+    }
+    if (c.kernel == CudaGemmKernel::wgmma && (c.gemm1_cols != 0 || c.gemm2_cols != 0)) {
+      const auto cols = [](int n) { return n == 0 ? std::string("widest") : std::to_string(n); };
+      text += fmt::format(" ({}/{} weight rows per CTA)", cols(c.gemm1_cols), cols(c.gemm2_cols));
     }
     from = c.up_to_tokens + 1;
   }
@@ -102,7 +113,9 @@ cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
   return {.kernel = kernel,
           .token_tile = c.token_tile,
           .gemm1_slices = c.gemm1_slices,
-          .gemm2_slices = c.gemm2_slices};
+          .gemm2_slices = c.gemm2_slices,
+          .gemm1_cols = c.gemm1_cols,
+          .gemm2_cols = c.gemm2_cols};
 }
 
 std::string describe(const CudaKernels& k) {

@@ -44,6 +44,16 @@ constexpr int64_t kPrefill128MinRows = 96;
 //   6.5 ms): it streams faster than decode (DeepSeek-V3 T = 1 / 8 / 64: 103 / 603 / 2255 us
 //   against 125 / 651 / 2499; Qwen3 T = 64: 176 against 204).
 constexpr int64_t kWgmma128MinRows = 96;
+// - wgmma's tiles of 64 rows take CTAs of 128 weight rows (two to an SM) in a GEMM whose expert
+//   has at most 2048 weight rows (Qwen3-30B-A3B: GEMM1 1536, GEMM2 2048), 256 beyond
+//   (bench/cuda/NOTES.md v7; both GEMMs, us): Qwen3 e4m3 T = 1 / 8 / 64 / 512 / 4096 27.5 / 79.5
+//   / 167 / 196 / 681 against 33.5 / 106 / 188 / 224 / 759; bf16 T = 1 / 8 / 512 34.3 / 131.9 /
+//   321.5 against 36.0 (decode) / 134.8 / 336.2, level at T = 64. DeepSeek-V3 (4096 and 7168
+//   weight rows) loses with them: bf16 T = 1 206.5 against 176.6, e4m3 T = 8 643 against 612.
+//   Where GEMM1 takes them, 16-bit runs wgmma even at the batches where its grid would have sent
+//   it to decode.
+constexpr int kWgmmaNarrowMaxWeightRows = 2048;
+constexpr int kWgmmaNarrowCols = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -119,6 +129,13 @@ bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
   return per_block;
 }
 
+// The wgmma tile of GEMM1 (gated) or GEMM2 under `choice`.
+detail::WgmmaTile wgmma_tile_of(const GemmChoice& choice, bool gated, bool e4m3) {
+  const int cols = gated ? choice.gemm1_cols : choice.gemm2_cols;
+  const int widest = choice.token_tile == 128 && e4m3 ? 128 : 256;
+  return {.rows = choice.token_tile, .cols = cols == 0 ? widest : cols};
+}
+
 static_assert(detail::Prefill64::kCols == detail::Prefill128::kCols &&
               detail::Prefill64::kCols == detail::Prefill128Block::kCols);
 
@@ -141,8 +158,13 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           " needs 16-byte aligned rows and pointers and an even N (K = " + std::to_string(s.k) +
           ", N = " + std::to_string(s.n) + "); choose_gemm picks decode for such shapes");
     }
-    const int cols = hopper ? detail::wgmma_cols(s.elem == Elem::e4m3, choice.token_tile)
-                            : detail::Prefill64::kCols;
+    const detail::WgmmaTile wgmma_tile = wgmma_tile_of(choice, s.gated, s.elem == Elem::e4m3);
+    if (hopper && !detail::wgmma_builds(s.elem == Elem::e4m3, wgmma_tile)) {
+      bad(std::string(s.who) + ".choice: " + choice.str() + " has no wgmma tile of " +
+          std::to_string(wgmma_tile.rows) + " x " + std::to_string(wgmma_tile.cols) +
+          " for this dtype");
+    }
+    const int cols = hopper ? wgmma_tile.cols : detail::Prefill64::kCols;
     const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
                           ceil_div(s.n, s.gated ? cols / 2 : cols);
     if (items > kMaxGridX) {
@@ -152,7 +174,7 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
     const auto grid = static_cast<unsigned>(items);
     const auto run = [&]<Elem kElem>() {
       if (hopper) {
-        detail::launch_wgmma<kElem>(p, v, choice.token_tile, rows, grid, stream);
+        detail::launch_wgmma<kElem>(p, v, wgmma_tile, rows, grid, stream);
       } else {
         detail::launch_prefill<kElem>(p, v, choice.token_tile, grid, stream);
       }
@@ -223,7 +245,14 @@ void check_common(const char* who, const void* a, const void* w, const void* out
 
 std::string GemmChoice::str() const {
   if (kernel == GemmKernel::prefill) return "prefill/" + std::to_string(token_tile);
-  if (kernel == GemmKernel::wgmma) return "wgmma/" + std::to_string(token_tile);
+  if (kernel == GemmKernel::wgmma) {
+    const auto cols = [](int c) { return c == 0 ? std::string("widest") : std::to_string(c); };
+    std::string text = "wgmma/" + std::to_string(token_tile);
+    if (gemm1_cols != 0 || gemm2_cols != 0) {
+      text += " (cols " + cols(gemm1_cols) + "," + cols(gemm2_cols) + ")";
+    }
+    return text;
+  }
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
          std::to_string(gemm2_slices);
 }
@@ -241,8 +270,16 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       ceil_div(problem.intermediate, detail::Prefill64::kCols / 2) *
       detail::max_tiles(rows, static_cast<int>(hit), detail::Prefill64::kRows);
   const bool decode = !aligned || (fp8 ? per_expert <= kDecodeMaxRowsFp8 : prefill_ctas < sms);
-  if (problem.compute_capability == 90 && aligned && (fp8 || !decode)) {
-    return {GemmKernel::wgmma, !fp8 && per_expert >= kWgmma128MinRows ? 128 : 64, 1, 1};
+  const auto narrow = [](int64_t weight_rows) {
+    return weight_rows <= kWgmmaNarrowMaxWeightRows ? kWgmmaNarrowCols : 0;
+  };
+  const int gemm1_cols = narrow(2 * int64_t{problem.intermediate});
+  if (problem.compute_capability == 90 && aligned && (fp8 || !decode || gemm1_cols != 0)) {
+    if (!fp8 && per_expert >= kWgmma128MinRows) return {GemmKernel::wgmma, 128, 1, 1};
+    return {.kernel = GemmKernel::wgmma,
+            .token_tile = 64,
+            .gemm1_cols = gemm1_cols,
+            .gemm2_cols = narrow(problem.hidden)};
   }
   if (!decode) {
     const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows
@@ -297,7 +334,9 @@ void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
 }
 
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale) {
-  return choice.kernel == GemmKernel::wgmma && choice.token_tile == detail::kWgmmaQuantizingRows &&
+  const detail::WgmmaTile tile = wgmma_tile_of(choice, true, true);
+  return choice.kernel == GemmKernel::wgmma && tile.rows == detail::kWgmmaQuantizingTile.rows &&
+         tile.cols == detail::kWgmmaQuantizingTile.cols &&
          (static_scale || activation_group == 128);
 }
 

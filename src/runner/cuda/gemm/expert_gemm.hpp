@@ -44,6 +44,10 @@ struct GemmChoice {
   // decode: slices of 32 weight rows each CTA takes in turn (1 to 4), for GEMM1 and GEMM2.
   int gemm1_slices = 1;
   int gemm2_slices = 1;
+  // wgmma: weight rows per CTA of GEMM1 and GEMM2 with tiles of 64 rows, 256 or 128 (twice the
+  // CTAs, two to an SM); 0 is the widest the token tile has (256, or 128 for e4m3's 128 rows).
+  int gemm1_cols = 0;
+  int gemm2_cols = 0;
   std::string str() const;
 };
 
@@ -95,7 +99,7 @@ struct Gemm1Quantized {
 };
 
 // Whether GEMM1 with `choice` can quantise its output for GEMM2 (Gemm1Args::quantized): the
-// wgmma kernel with tiles of 64 rows, whose CTA holds 128 whole columns of its rows (one
+// wgmma kernel with tiles of 64 x 256, whose CTA holds 128 whole columns of its rows (one
 // activation scale group), for scales per 128 columns or a static one. Not for a scale over the
 // whole row (fp8-tensor, dynamic), which spans CTAs.
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale);

@@ -80,22 +80,27 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
   }
 }
 
-// The Hopper kernel (wgmma_gemm.cuh), built for sm_90a alone in gemm_wgmma_sm90a.cu: the weight
-// rows of one CTA for a token tile (64 or 128), and the launch (`rows`: the rows the GEMM
-// input buffer holds, which its tensor map spans).
-int wgmma_cols(bool e4m3, int token_tile);
-// The token tile whose e4m3 GEMM1 CTA covers 128 whole output columns (both warpgroups on the
-// same 64 rows), so that its epilogue can quantise them for GEMM2 (gemm1_quantizes).
-inline constexpr int kWgmmaQuantizingRows = 64;
+// The Hopper kernel (wgmma_gemm.cuh), built for sm_90a alone in gemm_wgmma_sm90a.cu. A CTA's
+// tile is `rows` token rows x `cols` weight rows; the shapes built are 64 x 256, 64 x 128,
+// 128 x 256 (16-bit) and 128 x 128 (e4m3). The launch's `rows` are the rows the GEMM input
+// buffer holds, which its tensor map spans.
+struct WgmmaTile {
+  int rows = 64;
+  int cols = 256;
+};
+bool wgmma_builds(bool e4m3, WgmmaTile tile);
+// The tile whose e4m3 GEMM1 CTA covers 128 whole output columns (both warpgroups on the same
+// 64 rows), so that its epilogue can quantise them for GEMM2 (gemm1_quantizes).
+inline constexpr WgmmaTile kWgmmaQuantizingTile{.rows = 64, .cols = 256};
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, int token_tile, int64_t rows, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, unsigned grid,
                   cudaStream_t stream);
-extern template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, int64_t, unsigned,
-                                              cudaStream_t);
-extern template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, int64_t, unsigned,
-                                             cudaStream_t);
-extern template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, int64_t, unsigned,
-                                              cudaStream_t);
+extern template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, WgmmaTile, int64_t,
+                                              unsigned, cudaStream_t);
+extern template void launch_wgmma<Elem::f16>(const Params&, const Variant&, WgmmaTile, int64_t,
+                                             unsigned, cudaStream_t);
+extern template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, WgmmaTile, int64_t,
+                                              unsigned, cudaStream_t);
 
 extern template void launch_decode<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
 extern template void launch_decode<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);

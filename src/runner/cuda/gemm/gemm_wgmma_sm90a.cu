@@ -16,7 +16,8 @@
 
 namespace moekit::cuda_gemm::detail {
 
-static_assert(Wgmma64x256::kRows == kWgmmaQuantizingRows && Wgmma64x256::kGroupsM == 1 &&
+static_assert(Wgmma64x256::kRows == kWgmmaQuantizingTile.rows &&
+                  Wgmma64x256::kCols == kWgmmaQuantizingTile.cols && Wgmma64x256::kGroupsM == 1 &&
                   Wgmma64x256::kCols / 2 == 128,
               "the quantising GEMM1 tile holds 128 whole columns of its rows");
 
@@ -80,9 +81,11 @@ void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t str
 }
 
 template <Elem kElem, bool kGated, bool kPerBlock>
-void launch_variant(const Params& p, int token_tile, int64_t rows, unsigned grid,
+void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, unsigned grid,
                     cudaStream_t stream) {
-  if (token_tile == Wgmma64x256::kRows) {
+  if (tile.rows == 64 && tile.cols == 128) {
+    launch_shape<Wgmma64x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
+  } else if (tile.rows == 64) {
     launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if constexpr (kElem == Elem::e4m3) {
     launch_shape<Wgmma128x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
@@ -93,30 +96,30 @@ void launch_variant(const Params& p, int token_tile, int64_t rows, unsigned grid
 
 }  // namespace
 
-int wgmma_cols(bool e4m3, int token_tile) {
-  if (token_tile == Wgmma64x256::kRows) return Wgmma64x256::kCols;
-  return e4m3 ? Wgmma128x128::kCols : Wgmma128x256::kCols;
+bool wgmma_builds(bool e4m3, WgmmaTile tile) {
+  if (tile.rows == 64) return tile.cols == 256 || tile.cols == 128;
+  return tile.rows == 128 && tile.cols == (e4m3 ? 128 : 256);
 }
 
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, int token_tile, int64_t rows, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, unsigned grid,
                   cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (v.per_block) {
-      v.gated ? launch_variant<kElem, true, true>(p, token_tile, rows, grid, stream)
-              : launch_variant<kElem, false, true>(p, token_tile, rows, grid, stream);
+      v.gated ? launch_variant<kElem, true, true>(p, tile, rows, grid, stream)
+              : launch_variant<kElem, false, true>(p, tile, rows, grid, stream);
       return;
     }
   }
-  v.gated ? launch_variant<kElem, true, false>(p, token_tile, rows, grid, stream)
-          : launch_variant<kElem, false, false>(p, token_tile, rows, grid, stream);
+  v.gated ? launch_variant<kElem, true, false>(p, tile, rows, grid, stream)
+          : launch_variant<kElem, false, false>(p, tile, rows, grid, stream);
 }
 
-template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, int, int64_t, unsigned,
+template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
                                        cudaStream_t);
-template void launch_wgmma<Elem::f16>(const Params&, const Variant&, int, int64_t, unsigned,
+template void launch_wgmma<Elem::f16>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
                                       cudaStream_t);
-template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, int, int64_t, unsigned,
+template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
                                        cudaStream_t);
 
 }  // namespace moekit::cuda_gemm::detail

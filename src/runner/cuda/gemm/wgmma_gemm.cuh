@@ -28,9 +28,10 @@
 
 namespace moekit::cuda_gemm::detail {
 
-template <int kRows_, int kCols_, int kStages_>
+template <int kRows_, int kCols_, int kStages_, int kPerSm_ = 1>
 struct WgmmaShape {
   static constexpr int kRows = kRows_, kCols = kCols_, kStages = kStages_;
+  static constexpr int kPerSm = kPerSm_;  // CTAs an SM holds (shared memory and registers)
   // Two consumer warpgroups (warps 0-7, as wgmma wants warpgroups aligned to 4 warps), then the
   // producer warp. ptxas gives a thread of this CTA up to 168 registers (as for 384 threads):
   // room for 128 accumulators, not for two sets of 64 beside 64 (bench/cuda/NOTES.md v5).
@@ -47,7 +48,8 @@ struct WgmmaShape {
     return gated ? kGroupCols / 2 : kGroupCols;
   }
   static_assert(kGroupsM == 1 || kGroupsM == 2);
-  static_assert(kGroupCols == 128 || kGroupCols == 256);
+  static_assert(kGroupCols == 64 || kGroupCols == 128 || kGroupCols == 256);
+  static_assert(kPerSm * (kSmemBytes + 1024) <= 228 * 1024, "an SM has 228 KB of shared memory");
 };
 // 16-bit: warpgroups of 64 x 256 (128 accumulators a thread).
 using Wgmma128x256 = WgmmaShape<128, 256, 4>;
@@ -55,6 +57,10 @@ using Wgmma128x256 = WgmmaShape<128, 256, 4>;
 using Wgmma128x128 = WgmmaShape<128, 128, 6>;
 // Fewer rows per expert: both warpgroups on 64 rows, 128 weight rows each.
 using Wgmma64x256 = WgmmaShape<64, 256, 5>;
+// Twice the CTAs of 64 x 256 over the same weights, two to an SM: for grids that 64 x 256
+// leaves short of the SMs (a decode step's few experts), where the weights' stream is all the
+// time and more CTAs keep more of it in flight.
+using Wgmma64x128 = WgmmaShape<64, 128, 4, 2>;
 
 // What the kernel takes: the tensor maps of the GEMM input rows [rows, K] and of the weights
 // [E * parts * N, K], both as bytes, boxes of 128 bytes x (kRows, box_rows) with the 128-byte
@@ -74,10 +80,13 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
   if constexpr (kElem == Elem::f16 && kN == 128) wgmma_f16_n128(d, a, b, accumulate);
   if constexpr (kElem == Elem::e4m3 && kN == 256) wgmma_e4m3_n256(d, a, b, accumulate);
   if constexpr (kElem == Elem::e4m3 && kN == 128) wgmma_e4m3_n128(d, a, b, accumulate);
+  if constexpr (kElem == Elem::bf16 && kN == 64) wgmma_bf16_n64(d, a, b, accumulate);
+  if constexpr (kElem == Elem::f16 && kN == 64) wgmma_f16_n64(d, a, b, accumulate);
+  if constexpr (kElem == Elem::e4m3 && kN == 64) wgmma_e4m3_n64(d, a, b, accumulate);
 }
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
-__global__ void __launch_bounds__(S::kThreads, 1)
+__global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
   const Params& p = args.p;
   constexpr int kBytes = kElemBytes<kElem>;
@@ -85,7 +94,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   constexpr int kN = S::kGroupCols, kAcc = kN / 2, kHalf = kN / 2;
   constexpr int kTileCols = kGated ? S::kCols / 2 : S::kCols;  // output columns per CTA
   constexpr int kBoxRows = S::box_rows(kGated);
-  static_assert(!kFp8 || kN == 128, "e4m3 promotes a 128-column scale block per step");
+  // A warpgroup's weight rows (kN, or kN / 2 gate and up rows) lie in one 128-row scale block.
+  static_assert(!kFp8 || kN <= 128, "e4m3 promotes within one 128-row scale block per step");
   extern __shared__ uint4 smem[];
   __shared__ int scratch[S::kThreads / 32 + 4];
   __shared__ uint64_t full[S::kStages], empty[S::kStages];
@@ -247,14 +257,19 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     };
     // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
     // serialise the wgmma (C7514) and spill; the two warpgroups overlap each other's promotion.)
+    // A step's scales are loaded two steps ahead: they come from memory like the weights, and
+    // loaded in the step itself each step waited for their round trip.
     float part[kAcc];
+    StepScales sc = scales_of(0), next = scales_of(min(1, steps - 1));
     for (int step = 0; step < steps; ++step) {
-      const StepScales sc = scales_of(step);
+      const StepScales after = scales_of(min(step + 2, steps - 1));
       issue(step, part);
       wgmma_wait<0>();
       fence_registers(part);
       release(step % S::kStages);
       promote(part, sc);
+      sc = next;
+      next = after;
     }
   } else {
     for (int step = 0; step < steps; ++step) {
@@ -276,7 +291,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     return 1.0f;
   };
   const int q = lane & 3;
-  if constexpr (kGated && kFp8 && S::kGroupsM == 1) {
+  if constexpr (kGated && kFp8 && S::kGroupsM == 1 && kTileCols == 128) {
     if (p.q_out != nullptr) {
       // GEMM2's e4m3 input, quantised here as quantize_rows_e4m3 would quantise the f32 values
       // this epilogue otherwise stores (the same values, amax, scale and rounding): both
