@@ -8,9 +8,15 @@ flavour=${1:-release}
 targets=()
 case "$flavour" in
   release) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
-  asan) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_SANITIZE=address) ;;
+  # The sanitizer builds at -O1 with line tables only: their reports keep file and line, and
+  # they build in half the time of -O2 -g (ASan's was the longest phase of CI's run).
+  asan)
+    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_SANITIZE=address
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+    ;;
   tsan)
-    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_SANITIZE=thread)
+    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_SANITIZE=thread
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
     targets=(--target moekit_tests)
     ;;
   *) echo "build.sh: unknown flavour '$flavour' (release, asan or tsan)" >&2; exit 1 ;;

@@ -15,7 +15,8 @@ git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werr
 
 phase "fuzz: the readers of files users hand us (bounded time each)"
 fuzzers=(spec_json_fuzzer:spec_json safetensors_fuzzer:safetensors hf_config_fuzzer:hf_config)
-CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF >/dev/null
+CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_FUZZ=ON -DMOEKIT_TESTS=OFF \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" >/dev/null
 cmake --build build/fuzz -j "$(nproc)" --target "${fuzzers[@]%%:*}"
 # Inputs that crash, leak or time out, and each failing run's log, are kept outside the
 # repository; the corpus in the repository is only read, new inputs go to a scratch directory.
