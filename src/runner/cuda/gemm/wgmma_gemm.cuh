@@ -257,19 +257,14 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     };
     // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
     // serialise the wgmma (C7514) and spill; the two warpgroups overlap each other's promotion.)
-    // A step's scales are loaded two steps ahead: they come from memory like the weights, and
-    // loaded in the step itself each step waited for their round trip.
     float part[kAcc];
-    StepScales sc = scales_of(0), next = scales_of(min(1, steps - 1));
     for (int step = 0; step < steps; ++step) {
-      const StepScales after = scales_of(min(step + 2, steps - 1));
+      const StepScales sc = scales_of(step);
       issue(step, part);
       wgmma_wait<0>();
       fence_registers(part);
       release(step % S::kStages);
       promote(part, sc);
-      sc = next;
-      next = after;
     }
   } else {
     for (int step = 0; step < steps; ++step) {
