@@ -132,8 +132,8 @@ bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
 // The wgmma tile of GEMM1 (gated) or GEMM2 under `choice`.
 detail::WgmmaTile wgmma_tile_of(const GemmChoice& choice, bool gated, bool e4m3) {
   const int cols = gated ? choice.gemm1_cols : choice.gemm2_cols;
-  const int widest = choice.token_tile == 128 && e4m3 ? 128 : 256;
-  return {.rows = choice.token_tile, .cols = cols == 0 ? widest : cols};
+  return {.rows = choice.token_tile,
+          .cols = cols == 0 ? detail::wgmma_widest_cols(e4m3, choice.token_tile) : cols};
 }
 
 static_assert(detail::Prefill64::kCols == detail::Prefill128::kCols &&

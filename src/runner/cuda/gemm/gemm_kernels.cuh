@@ -88,6 +88,11 @@ struct WgmmaTile {
   int rows = 64;
   int cols = 256;
 };
+// The widest tile of `rows` token rows: 256 weight rows, 128 for e4m3's 128 rows (whose second
+// set of accumulators leaves room for no more).
+inline constexpr int wgmma_widest_cols(bool e4m3, int rows) {
+  return rows == 128 && e4m3 ? 128 : 256;
+}
 bool wgmma_builds(bool e4m3, WgmmaTile tile);
 // The tile whose e4m3 GEMM1 CTA covers 128 whole output columns (both warpgroups on the same
 // 64 rows), so that its epilogue can quantise them for GEMM2 (gemm1_quantizes).

@@ -98,7 +98,7 @@ void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, unsigned grid
 
 bool wgmma_builds(bool e4m3, WgmmaTile tile) {
   if (tile.rows == 64) return tile.cols == 256 || tile.cols == 128;
-  return tile.rows == 128 && tile.cols == (e4m3 ? 128 : 256);
+  return tile.rows == 128 && tile.cols == wgmma_widest_cols(e4m3, 128);
 }
 
 template <Elem kElem>
