@@ -337,11 +337,16 @@ int main(int argc, char** argv) {
               // wgmma's CTAs of 128 weight rows: both GEMMs, GEMM2 alone, GEMM1 alone.
               GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 128},
               GemmChoice{GemmKernel::wgmma, 64, 1, 1, 256, 128},
-              GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 256}}) {
+              GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 256},
+              // The decode tiles (weights on wgmma's M side), wide and narrow.
+              GemmChoice{GemmKernel::wgmma, 8, 1, 1}, GemmChoice{GemmKernel::wgmma, 16, 1, 1},
+              GemmChoice{GemmKernel::wgmma, 8, 1, 1, 128, 128},
+              GemmChoice{GemmKernel::wgmma, 16, 1, 1, 128, 128}}) {
           if (other.str() == chosen.str()) continue;
           if (other.kernel == GemmKernel::wgmma && cc != 90) continue;
           // Decode past a few dozen rows per expert is far behind and slow to run.
           if (other.kernel == GemmKernel::decode && int64_t{T} * m.k > 32 * m.E) continue;
+          if (other.token_tile < 64 && int64_t{T} * m.k > 16 * m.E) continue;
           std::printf("  other: ");
           run_case(m, dtype, T, other, true, w13, w2, w13_scales, w2_scales);
         }

@@ -20,8 +20,8 @@
 // same bytes is printed first, as the ceiling.
 
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -68,13 +68,13 @@ enum class Pattern { slices, multistep, tiled, evict };
 
 struct Job {
   Pattern pattern;
-  int tile_rows;    // weight rows per tile (boxes of 128 rows)
-  int steps;        // K steps per row
-  int tiles;        // tiles in all
+  int tile_rows;  // weight rows per tile (boxes of 128 rows)
+  int steps;      // K steps per row
+  int tiles;      // tiles in all
   int stages;
-  int j;            // K steps per stage (multistep); 1 otherwise
-  int a_rows;       // rows of the A box per step; 0: none
-  int persistent;   // 1: units of (tile, step) spread evenly over the grid
+  int j;           // K steps per stage (multistep); 1 otherwise
+  int a_rows;      // rows of the A box per step; 0: none
+  int persistent;  // 1: units of (tile, step) spread evenly over the grid
 };
 
 struct Maps {
@@ -132,10 +132,9 @@ __global__ void __launch_bounds__(64, 1) read_kernel(const __grid_constant__ Map
             tma_load_2d_evict_first(box_dst, &maps.w, group * kStep, row, bar, policy);
             break;
           case Pattern::tiled:
-            tma_load_2d(box_dst, &maps.w, 0,
-                        static_cast<int>((int64_t{tile} * groups + group) * job.tile_rows) +
-                            b * 128,
-                        bar);
+            tma_load_2d(
+                box_dst, &maps.w, 0,
+                static_cast<int>((int64_t{tile} * groups + group) * job.tile_rows) + b * 128, bar);
             break;
           case Pattern::multistep:
             tma_load_4d(box_dst, &maps.w, 0, 0, group * job.j, row / 8, bar);
@@ -179,10 +178,10 @@ CUtensorMap make_map(void* base, int rank, const cuuint64_t* dims, const cuuint6
                      const cuuint32_t* box) {
   CUtensorMap map{};
   const cuuint32_t ones[4] = {1, 1, 1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, base, dims, strides, box,
-                               ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, base, dims, strides, box, ones,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled (rank %d): CUresult %d\n", rank,
                  static_cast<int>(r));
@@ -253,7 +252,8 @@ int main(int argc, char** argv) {
     const int steps = static_cast<int>(s.k / kStep);
     const auto tiles = [&](int rows) { return static_cast<int>(s.rows / rows); };
     const Config configs[] = {
-        {"slices 256r A64 5st (wgmma 64x256)", {Pattern::slices, 256, steps, tiles(256), 5, 1, 64, 0}},
+        {"slices 256r A64 5st (wgmma 64x256)",
+         {Pattern::slices, 256, steps, tiles(256), 5, 1, 64, 0}},
         {"slices 256r A8 5st", {Pattern::slices, 256, steps, tiles(256), 5, 1, 8, 0}},
         {"slices 256r noA 5st", {Pattern::slices, 256, steps, tiles(256), 5, 1, 0, 0}},
         {"slices 256r noA 6st", {Pattern::slices, 256, steps, tiles(256), 6, 1, 0, 0}},
@@ -266,7 +266,8 @@ int main(int argc, char** argv) {
         {"slices 128r noA 6st", {Pattern::slices, 128, steps, tiles(128), 6, 1, 0, 0}},
         {"persistent slices 256r 5st", {Pattern::slices, 256, steps, tiles(256), 5, 1, 0, 1}},
         {"persistent slices 128r 8st", {Pattern::slices, 128, steps, tiles(128), 8, 1, 0, 1}},
-        {"persistent multistep 128r J2 6st", {Pattern::multistep, 128, steps, tiles(128), 6, 2, 0, 1}},
+        {"persistent multistep 128r J2 6st",
+         {Pattern::multistep, 128, steps, tiles(128), 6, 2, 0, 1}},
         {"persistent tiled 256r 5st", {Pattern::tiled, 256, steps, tiles(256), 5, 1, 0, 1}},
     };
     for (const Config& c : configs) {
@@ -296,7 +297,8 @@ int main(int argc, char** argv) {
         const cuuint32_t box[2] = {kStep, static_cast<cuuint32_t>(std::max(job.a_rows, 8))};
         maps.a = make_map(a, 2, dims, strides, box);
       }
-      const int smem_bytes = job.stages * (job.tile_rows * kStep * job.j + job.a_rows * kStep) + 1024;
+      const int smem_bytes =
+          job.stages * (job.tile_rows * kStep * job.j + job.a_rows * kStep) + 1024;
       check(cudaFuncSetAttribute(read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  smem_bytes),
             "smem attribute");
@@ -320,7 +322,8 @@ int main(int argc, char** argv) {
     if (f != nullptr) {
       std::fprintf(f, "[\n");
       for (size_t i = 0; i < results.size(); ++i) {
-        std::fprintf(f, "  {\"shape\": \"%s\", \"pattern\": \"%s\", \"us\": %.2f, \"tbs\": %.3f}%s\n",
+        std::fprintf(f,
+                     "  {\"shape\": \"%s\", \"pattern\": \"%s\", \"us\": %.2f, \"tbs\": %.3f}%s\n",
                      results[i].shape.c_str(), results[i].label.c_str(), results[i].us,
                      results[i].tbs, i + 1 < results.size() ? "," : "");
       }

@@ -530,7 +530,8 @@ std::vector<GemmCase> all_cases() {
   const GemmChoice decode{GemmKernel::decode, 8}, prefill{GemmKernel::prefill, 64},
       prefill128{GemmKernel::prefill, 128}, wgmma{GemmKernel::wgmma, 64},
       wgmma128{GemmKernel::wgmma, 128}, wgmma_narrow{GemmKernel::wgmma, 64, 1, 1, 128, 128},
-      wgmma_narrow2{GemmKernel::wgmma, 64, 1, 1, 256, 128};
+      wgmma_narrow2{GemmKernel::wgmma, 64, 1, 1, 256, 128}, wgmma8{GemmKernel::wgmma, 8},
+      wgmma16{GemmKernel::wgmma, 16};
   const std::vector<int> few{0, 1, 3, 8, 0, 17}, many{0, 1, 64, 130, 7};
   // Tiles of 128 rows: a full one, a tail of 2 rows, three tiles with a tail past every warp's
   // first m16 tile, and one short tile.
@@ -599,6 +600,22 @@ std::vector<GemmCase> all_cases() {
                      true, wgmma_narrow});
     cases.push_back({n + "_wgmma_narrow_gemm2_edges", f, 208, 144, few, Activation::GeluGated(),
                      true, wgmma_narrow2});
+    // Hopper's decode tiles (weights on wgmma's M side, 8 or 16 rows on N): groups of several
+    // tiles with a tail, a tile of one row; the last CTA's weight rows partly past N.
+    cases.push_back(
+        {n + "_wgmma_decode8", f, 384, 256, few, Activation::SiluGated(), true, wgmma8});
+    cases.push_back(
+        {n + "_wgmma_decode8_edges_gelu", f, 208, 144, few, Activation::GeluGated(), true, wgmma8});
+    cases.push_back({n + "_wgmma_decode16_swiglu_tiles",
+                     f,
+                     256,
+                     384,
+                     {40, 0, 16, 1},
+                     Activation::SwigluOai(),
+                     true,
+                     wgmma16});
+    cases.push_back(
+        {n + "_wgmma_decode16_edges", f, 208, 144, few, Activation::SiluGated(), true, wgmma16});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

@@ -53,6 +53,9 @@ constexpr int64_t kWgmma128MinRows = 96;
 //   Where GEMM1 takes them, 16-bit runs wgmma even at the batches where its grid would have sent
 //   it to decode.
 constexpr int kWgmmaNarrowMaxWeightRows = 2048;
+// - wgmma's decode tiles (weights on wgmma's M side, 8 token rows on N) while an expert hit by
+//   the batch gets at most this many rows on average.
+constexpr int64_t kWgmmaDecodeMaxRows = 2;
 constexpr int kWgmmaNarrowCols = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -149,8 +152,11 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
   const detail::Variant v{s.gated, vec, per_block};
   if (choice.kernel != GemmKernel::decode) {
     const bool hopper = choice.kernel == GemmKernel::wgmma;
-    if (choice.token_tile != 64 && choice.token_tile != 128) {
-      bad(std::string(s.who) + ".choice: " + choice.str() + " takes token_tile 64 or 128, not " +
+    const bool tile_ok = choice.token_tile == 64 || choice.token_tile == 128 ||
+                         (hopper && (choice.token_tile == 8 || choice.token_tile == 16));
+    if (!tile_ok) {
+      bad(std::string(s.who) + ".choice: " + choice.str() + " takes token_tile " +
+          (hopper ? "8, 16, 64 or 128" : "64 or 128") + ", not " +
           std::to_string(choice.token_tile));
     }
     if (!vec || s.n % 2 != 0) {
@@ -274,10 +280,10 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
     return weight_rows <= kWgmmaNarrowMaxWeightRows ? kWgmmaNarrowCols : 0;
   };
   const int gemm1_cols = narrow(2 * int64_t{problem.intermediate});
-  if (problem.compute_capability == 90 && aligned && (fp8 || !decode || gemm1_cols != 0)) {
+  if (problem.compute_capability == 90 && aligned) {
     if (!fp8 && per_expert >= kWgmma128MinRows) return {GemmKernel::wgmma, 128, 1, 1};
     return {.kernel = GemmKernel::wgmma,
-            .token_tile = 64,
+            .token_tile = per_expert <= kWgmmaDecodeMaxRows ? 8 : 64,
             .gemm1_cols = gemm1_cols,
             .gemm2_cols = narrow(problem.hidden)};
   }
@@ -334,9 +340,8 @@ void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
 }
 
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale) {
-  const detail::WgmmaTile tile = wgmma_tile_of(choice, true, true);
-  return choice.kernel == GemmKernel::wgmma && tile.rows == detail::kWgmmaQuantizingTile.rows &&
-         tile.cols == detail::kWgmmaQuantizingTile.cols &&
+  return choice.kernel == GemmKernel::wgmma &&
+         detail::wgmma_quantizes(wgmma_tile_of(choice, true, true)) &&
          (static_scale || activation_group == 128);
 }
 

@@ -80,10 +80,11 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
   }
 }
 
-// The Hopper kernel (wgmma_gemm.cuh), built for sm_90a alone in gemm_wgmma_sm90a.cu. A CTA's
-// tile is `rows` token rows x `cols` weight rows; the shapes built are 64 x 256, 64 x 128,
-// 128 x 256 (16-bit) and 128 x 128 (e4m3). The launch's `rows` are the rows the GEMM input
-// buffer holds, which its tensor map spans.
+// The Hopper kernels, built for sm_90a alone in gemm_wgmma_sm90a.cu: wgmma_gemm.cuh for tiles of
+// 64 or 128 token rows, wgmma_decode_gemm.cuh (weights on wgmma's M side) for tiles of 8 or 16.
+// A CTA's tile is `rows` token rows x `cols` weight rows; the shapes built are 64 x 256,
+// 64 x 128, 128 x 256 (16-bit), 128 x 128 (e4m3), 8 or 16 x 256 or 128. The launch's
+// `rows` are the rows the GEMM input buffer holds, which its tensor map spans.
 struct WgmmaTile {
   int rows = 64;
   int cols = 256;
@@ -94,9 +95,12 @@ inline constexpr int wgmma_widest_cols(bool e4m3, int rows) {
   return rows == 128 && e4m3 ? 128 : 256;
 }
 bool wgmma_builds(bool e4m3, WgmmaTile tile);
-// The tile whose e4m3 GEMM1 CTA covers 128 whole output columns (both warpgroups on the same
-// 64 rows), so that its epilogue can quantise them for GEMM2 (gemm1_quantizes).
-inline constexpr WgmmaTile kWgmmaQuantizingTile{.rows = 64, .cols = 256};
+// Whether an e4m3 GEMM1 CTA of this tile covers 128 whole output columns of its rows (for the
+// 64-row tile: both warpgroups on the same 64 rows), so that its epilogue can quantise them for
+// GEMM2 (gemm1_quantizes): 64 x 256, and the decode tiles of 256 weight rows.
+inline constexpr bool wgmma_quantizes(WgmmaTile tile) {
+  return tile.cols == 256 && (tile.rows == 64 || tile.rows == 8 || tile.rows == 16);
+}
 template <Elem kElem>
 void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, unsigned grid,
                   cudaStream_t stream);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runner/cuda/gemm/gemm_kernels.cuh"
+#include "runner/cuda/gemm/wgmma_decode_gemm.cuh"
 #include "runner/cuda/gemm/wgmma_gemm.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -16,10 +17,16 @@
 
 namespace moekit::cuda_gemm::detail {
 
-static_assert(Wgmma64x256::kRows == kWgmmaQuantizingTile.rows &&
-                  Wgmma64x256::kCols == kWgmmaQuantizingTile.cols && Wgmma64x256::kGroupsM == 1 &&
-                  Wgmma64x256::kCols / 2 == 128,
-              "the quantising GEMM1 tile holds 128 whole columns of its rows");
+static_assert(wgmma_quantizes({Wgmma64x256::kRows, Wgmma64x256::kCols}) &&
+                  Wgmma64x256::kGroupsM == 1 && Wgmma64x256::kCols / 2 == 128,
+              "the quantising 64-row GEMM1 tile holds 128 whole columns of its rows");
+static_assert(WgmmaDecode8::kCols == 256 && WgmmaDecode16::kCols == 256 &&
+                  WgmmaDecode8x128::kCols == 128 && WgmmaDecode16x128::kCols == 128,
+              "wgmma_builds names the decode tiles' widths");
+static_assert(wgmma_quantizes({WgmmaDecode8::kRows, WgmmaDecode8::kCols}) &&
+                  wgmma_quantizes({WgmmaDecode16::kRows, WgmmaDecode16::kCols}) &&
+                  WgmmaDecode8::kCols / 2 == 128 && WgmmaDecode16::kCols / 2 == 128,
+              "the quantising decode GEMM1 tiles hold 128 whole columns of their rows");
 
 namespace {
 
@@ -64,9 +71,19 @@ CUtensorMap byte_matrix_map(const void* base, int64_t rows, int64_t row_bytes, i
   return map;
 }
 
+// The decode shapes (tiles of 8 or 16 token rows on wgmma's N side) run wgmma_decode_kernel.
+template <class S>
+inline constexpr bool kDecodeShape = S::kRows < 64;
+
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
 void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t stream) {
-  const auto kernel = wgmma_kernel<S, kElem, kGated, kPerBlock>;
+  const auto kernel = [] {
+    if constexpr (kDecodeShape<S>) {
+      return wgmma_decode_kernel<S, kElem, kGated, kPerBlock>;
+    } else {
+      return wgmma_kernel<S, kElem, kGated, kPerBlock>;
+    }
+  }();
   // Set once per variant: the attribute outlives the call and is no stream operation.
   static const cudaError_t attribute =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
@@ -83,7 +100,14 @@ void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t str
 template <Elem kElem, bool kGated, bool kPerBlock>
 void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, unsigned grid,
                     cudaStream_t stream) {
-  if (tile.rows == 64 && tile.cols == 128) {
+  const bool narrow = tile.cols == 128;
+  if (tile.rows == WgmmaDecode8::kTokens) {
+    narrow ? launch_shape<WgmmaDecode8x128, kElem, kGated, kPerBlock>(p, rows, grid, stream)
+           : launch_shape<WgmmaDecode8, kElem, kGated, kPerBlock>(p, rows, grid, stream);
+  } else if (tile.rows == WgmmaDecode16::kTokens) {
+    narrow ? launch_shape<WgmmaDecode16x128, kElem, kGated, kPerBlock>(p, rows, grid, stream)
+           : launch_shape<WgmmaDecode16, kElem, kGated, kPerBlock>(p, rows, grid, stream);
+  } else if (tile.rows == 64 && tile.cols == 128) {
     launch_shape<Wgmma64x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if (tile.rows == 64) {
     launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
@@ -97,6 +121,9 @@ void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, unsigned grid
 }  // namespace
 
 bool wgmma_builds(bool e4m3, WgmmaTile tile) {
+  if (tile.rows == WgmmaDecode8::kTokens || tile.rows == WgmmaDecode16::kTokens) {
+    return tile.cols == 256 || tile.cols == 128;
+  }
   if (tile.rows == 64) return tile.cols == 256 || tile.cols == 128;
   return tile.rows == 128 && tile.cols == wgmma_widest_cols(e4m3, 128);
 }

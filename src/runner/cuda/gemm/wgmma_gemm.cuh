@@ -83,6 +83,58 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
   if constexpr (kElem == Elem::bf16 && kN == 64) wgmma_bf16_n64(d, a, b, accumulate);
   if constexpr (kElem == Elem::f16 && kN == 64) wgmma_f16_n64(d, a, b, accumulate);
   if constexpr (kElem == Elem::e4m3 && kN == 64) wgmma_e4m3_n64(d, a, b, accumulate);
+  if constexpr (kElem == Elem::bf16 && kN == 16) wgmma_bf16_n16(d, a, b, accumulate);
+  if constexpr (kElem == Elem::f16 && kN == 16) wgmma_f16_n16(d, a, b, accumulate);
+  if constexpr (kElem == Elem::e4m3 && kN == 16) wgmma_e4m3_n16(d, a, b, accumulate);
+  if constexpr (kElem == Elem::bf16 && kN == 8) wgmma_bf16_n8(d, a, b, accumulate);
+  if constexpr (kElem == Elem::f16 && kN == 8) wgmma_f16_n8(d, a, b, accumulate);
+  if constexpr (kElem == Elem::e4m3 && kN == 8) wgmma_e4m3_n8(d, a, b, accumulate);
+}
+
+// The producer warp's one thread: every TMA copy of a CTA's K loop into S's stages (the A box of
+// S::kRows token rows, then the weight boxes: for GEMM1 a warpgroup's gate rows, then its up
+// rows of the same columns), each stage's copies completing on its `full` barrier, and each
+// stage reused once the consumer warps have handed it back on `empty`.
+template <class S, bool kGated>
+__device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile, int n0, int steps,
+                                        uint32_t a_smem, uint32_t b_smem, uint64_t* full,
+                                        uint64_t* empty) {
+  const Params& p = args.p;
+  constexpr int kBoxRows = S::box_rows(kGated);
+  constexpr int kHalf = S::kGroupCols / 2;
+  const int expert_row0 = tile.expert * (kGated ? 2 : 1) * p.n;
+  const auto load_weights = [&](int step, uint32_t bar) {
+    const int stage = step % S::kStages;
+#pragma unroll
+    for (int b = 0; b < S::kCols / kBoxRows; ++b) {
+      int row = n0 + b * kBoxRows;
+      if constexpr (kGated) {
+        // Box b holds the gate or the up rows of warpgroup column block b / 2.
+        const int col = n0 + (b / 2) * kHalf;
+        row = b % 2 == 0 ? col : p.n + col;
+      }
+      tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map,
+                  step * kStepBytes, expert_row0 + row, bar);
+    }
+  };
+  // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
+  const int early = kGated ? 0 : min(steps, S::kStages);
+  for (int step = 0; step < early; ++step) {
+    const uint32_t bar = smem_address(&full[step]);
+    mbarrier_add_tx(bar, S::kStageB);
+    load_weights(step, bar);
+  }
+  if constexpr (!kGated) cuda_launch::wait_for_inputs();
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % S::kStages;
+    if (step >= S::kStages) {
+      mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
+    }
+    const uint32_t bar = smem_address(&full[stage]);
+    mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
+    tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
+    if (step >= early) load_weights(step, bar);
+  }
 }
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
@@ -93,7 +145,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   constexpr bool kFp8 = kElem == Elem::e4m3;
   constexpr int kN = S::kGroupCols, kAcc = kN / 2, kHalf = kN / 2;
   constexpr int kTileCols = kGated ? S::kCols / 2 : S::kCols;  // output columns per CTA
-  constexpr int kBoxRows = S::box_rows(kGated);
   // A warpgroup's weight rows (kN, or kN / 2 gate and up rows) lie in one 128-row scale block.
   static_assert(!kFp8 || kN <= 128, "e4m3 promotes within one 128-row scale block per step");
   extern __shared__ uint4 smem[];
@@ -130,40 +181,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
 
   if (tid >= S::kConsumers) {
     // The producer: one thread issues every copy.
-    if (tid != S::kConsumers) return;
-    const int expert_row0 = tile.expert * (kGated ? 2 : 1) * p.n;
-    const auto load_weights = [&](int step, uint32_t bar) {
-      const int stage = step % S::kStages;
-#pragma unroll
-      for (int b = 0; b < S::kCols / kBoxRows; ++b) {
-        int row = n0 + b * kBoxRows;
-        if constexpr (kGated) {
-          // Box b holds the gate or the up rows of warpgroup column block b / 2.
-          const int col = n0 + (b / 2) * kHalf;
-          row = b % 2 == 0 ? col : p.n + col;
-        }
-        tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map,
-                    step * kStepBytes, expert_row0 + row, bar);
-      }
-    };
-    // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
-    const int early = kGated ? 0 : min(steps, S::kStages);
-    for (int step = 0; step < early; ++step) {
-      const uint32_t bar = smem_address(&full[step]);
-      mbarrier_add_tx(bar, S::kStageB);
-      load_weights(step, bar);
-    }
-    if constexpr (!kGated) cuda_launch::wait_for_inputs();
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step % S::kStages;
-      if (step >= S::kStages) {
-        mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
-      }
-      const uint32_t bar = smem_address(&full[stage]);
-      mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
-      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
-      if (step >= early) load_weights(step, bar);
-    }
+    if (tid == S::kConsumers)
+      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty);
     return;
   }
   if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales

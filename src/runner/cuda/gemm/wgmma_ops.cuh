@@ -92,6 +92,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[kN]) {
 #define MOEKIT_WGMMA_ACC8(d, i)                                                               \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MOEKIT_WGMMA_ACC4(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 #define MOEKIT_WGMMA_ACC32_FROM(d, i)                                                 \
   MOEKIT_WGMMA_ACC8(d, i), MOEKIT_WGMMA_ACC8(d, i + 8), MOEKIT_WGMMA_ACC8(d, i + 16), \
       MOEKIT_WGMMA_ACC8(d, i + 24)
@@ -100,6 +101,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[kN]) {
 #define MOEKIT_WGMMA_ACC128(d)                                                                   \
   MOEKIT_WGMMA_ACC32_FROM(d, 0), MOEKIT_WGMMA_ACC32_FROM(d, 32), MOEKIT_WGMMA_ACC32_FROM(d, 64), \
       MOEKIT_WGMMA_ACC32_FROM(d, 96)
+#define MOEKIT_WGMMA_D4 "{%0, %1, %2, %3}"
+#define MOEKIT_WGMMA_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define MOEKIT_WGMMA_D32                                                           \
   "{"                                                                              \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
@@ -220,6 +223,72 @@ __device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[32], uint64_t a, uint6
       "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MOEKIT_WGMMA_D32
       ", %32, %33, p, 1, 1;\n}\n"
       : MOEKIT_WGMMA_ACC32(d)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 8] (+)= A[64 x 16] * B[8 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_bf16_n8(float (&d)[4], uint64_t a, uint64_t b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 " MOEKIT_WGMMA_D4
+      ", %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : MOEKIT_WGMMA_ACC4(d)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 8] (+)= A[64 x 16] * B[8 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_f16_n8(float (&d)[4], uint64_t a, uint64_t b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 " MOEKIT_WGMMA_D4
+      ", %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : MOEKIT_WGMMA_ACC4(d)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 8] (+)= A[64 x 32] * B[8 x 32]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_e4m3_n8(float (&d)[4], uint64_t a, uint64_t b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 " MOEKIT_WGMMA_D4
+      ", %4, %5, p, 1, 1;\n}\n"
+      : MOEKIT_WGMMA_ACC4(d)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 16] (+)= A[64 x 16] * B[16 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_bf16_n16(float (&d)[8], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MOEKIT_WGMMA_D8
+      ", %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : MOEKIT_WGMMA_ACC8(d, 0)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 16] (+)= A[64 x 16] * B[16 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_f16_n16(float (&d)[8], uint64_t a, uint64_t b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " MOEKIT_WGMMA_D8
+      ", %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : MOEKIT_WGMMA_ACC8(d, 0)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 16] (+)= A[64 x 32] * B[16 x 32]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_e4m3_n16(float (&d)[8], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 " MOEKIT_WGMMA_D8
+      ", %8, %9, p, 1, 1;\n}\n"
+      : MOEKIT_WGMMA_ACC8(d, 0)
       : "l"(a), "l"(b), "r"(accumulate));
 }
 

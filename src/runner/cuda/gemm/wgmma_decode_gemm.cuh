@@ -1,0 +1,282 @@
+#pragma once
+// The Hopper decode kernel (sm_90a): the wgmma kernel's TMA pipeline with the operands swapped.
+// The weight rows are wgmma's M side (slabs of 64) and a tile of kTokens rows of one expert its
+// N side (n8 or n16), where the 64-row kernel multiplies 64 token rows of which a decode step
+// fills one or two: its tensor work per K step (~0.5k cycles) then set the pace of a stream that
+// TMA alone delivers at the read bandwidth (bench/cuda/tma_read_bench.cu: DeepSeek-V3 fp8 GEMM1
+// 57 us of copies against 68 us for the kernel). Here a step's wgmma are an eighth of that, and
+// the K loop waits on the copies alone.
+//
+// A CTA takes 256 weight rows (or 128, with one warpgroup), in the boxes and stages of the
+// 64 x 256 tile (the producer is the wgmma kernel's): each warpgroup two slabs of 64 rows, for
+// GEMM1 its 64 gate rows and the 64 up rows of the same columns (so gate and up of an output meet
+// in one thread, in the same accumulator of each slab), for GEMM2 128 consecutive rows. A thread's
+// accumulators are weight rows (warp * 16 + lane / 4, and 8 below) by tokens (2 * (lane % 4), +1,
+// and 8 on for n16). Tokens of the N box past the tile's end belong to the next expert or lie past
+// the buffer (zeros): their columns are multiplied and never stored.
+
+#include "runner/cuda/gemm/wgmma_gemm.cuh"
+
+namespace moekit::cuda_gemm::detail {
+
+template <int kTokens_, int kCols_, int kStages_, int kPerSm_>
+struct WgmmaDecodeShape {
+  static constexpr int kTokens = kTokens_, kCols = kCols_, kStages = kStages_;
+  static constexpr int kRows = kTokens;  // token rows per tile (the A box of `produce`)
+  static constexpr int kPerSm = kPerSm_;
+  static constexpr int kGroupCols = 128;  // weight rows per warpgroup: two slabs of 64
+  static constexpr int kGroups = kCols / kGroupCols;
+  static constexpr int kConsumers = 128 * kGroups;
+  static constexpr int kThreads = kConsumers + 32;
+  static constexpr int kStageA = kTokens * kStepBytes, kStageB = kCols * kStepBytes;
+  static constexpr int kStageBytes = kStageA + kStageB;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  __host__ __device__ static constexpr int box_rows(bool gated) {
+    return gated ? kGroupCols / 2 : kGroupCols;
+  }
+  static_assert(kTokens == 8 || kTokens == 16);
+  static_assert(kCols == 128 || kCols == 256);
+  // Each stage's token box starts on the swizzle's 1024-byte pattern.
+  static_assert(kStageA % 1024 == 0);
+  static_assert(kPerSm * (kSmemBytes + 1024) <= 228 * 1024, "an SM has 228 KB of shared memory");
+};
+// 256 weight rows (two warpgroups), one CTA to an SM.
+using WgmmaDecode8 = WgmmaDecodeShape<8, 256, 6, 1>;
+using WgmmaDecode16 = WgmmaDecodeShape<16, 256, 6, 1>;
+// 128 weight rows (one warpgroup), two to an SM: twice the CTAs over the same weights, for
+// experts too small to give every SM a CTA of 256 rows.
+using WgmmaDecode8x128 = WgmmaDecodeShape<8, 128, 6, 2>;
+using WgmmaDecode16x128 = WgmmaDecodeShape<16, 128, 6, 2>;
+
+template <class S, Elem kElem, bool kGated, bool kPerBlock>
+__global__ void __launch_bounds__(S::kThreads, S::kPerSm)
+    wgmma_decode_kernel(const __grid_constant__ WgmmaArgs args) {
+  const Params& p = args.p;
+  constexpr int kBytes = kElemBytes<kElem>;
+  constexpr bool kFp8 = kElem == Elem::e4m3;
+  constexpr int kT = S::kTokens, kAcc = kT / 2;                // accumulators per slab and thread
+  constexpr int kTileCols = kGated ? S::kCols / 2 : S::kCols;  // output columns per CTA
+  constexpr int kGroupOut = kGated ? 64 : 128;                 // output columns per warpgroup
+  extern __shared__ uint4 smem[];
+  __shared__ int scratch[S::kThreads / 32 + 4];
+  __shared__ uint64_t full[S::kStages], empty[S::kStages];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbarrier_init(smem_address(&full[s]), 1);
+      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+    }
+    fence_mbarrier_init();
+  }
+  // As in the wgmma kernel: GEMM1 waits before it reads the sort's offsets and lets GEMM2 be
+  // scheduled; GEMM2 finds its tile and loads its first weights before it waits.
+  if constexpr (kGated) {
+    cuda_launch::wait_for_inputs();
+    cuda_launch::release_dependents();
+  }
+  const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
+  const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
+                                           S::kRows, col_tiles, scratch);
+  if (tile.expert < 0) return;
+  const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
+  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
+  const int n0 = tile.col * kTileCols;
+  const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
+  const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
+
+  if (tid >= S::kConsumers) {
+    if (tid == S::kConsumers)
+      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty);
+    return;
+  }
+  if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales
+
+  const int group = tid / 128, lane = tid & 31, warp_in_group = (tid >> 5) & 3, q = lane & 3;
+  // The first output column of this warpgroup, and of slab s.
+  const int group_col0 = n0 + group * kGroupOut;
+  const auto slab_col0 = [&](int s) { return kGated ? group_col0 : group_col0 + s * 64; };
+  // Accumulator i of a slab: weight row weight_row(i) of the slab, token token(i) of the tile.
+  const auto weight_row = [&](int i) {
+    return warp_in_group * 16 + (lane >> 2) + 8 * ((i / 2) % 2);
+  };
+  const auto token = [&](int i) { return (i / 4) * 8 + 2 * q + (i % 2); };
+
+  float acc[2][kAcc];
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.0f;
+  }
+  const auto release = [&](int stage) {
+    if (lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
+  };
+  // Waits for K step `step`'s stage and multiplies both slabs by the tokens into `sum`.
+  const auto issue = [&](int step, float(&sum)[2][kAcc]) {
+    const int stage = step % S::kStages;
+    mbarrier_wait(smem_address(&full[stage]), (step / S::kStages) & 1);
+    const uint64_t tokens = smem_desc_sw128(a_smem + stage * S::kStageA);
+    const uint64_t slab0 =
+        smem_desc_sw128(b_smem + stage * S::kStageB + group * S::kGroupCols * kStepBytes);
+    const uint64_t slab1 = slab0 + ((64 * kStepBytes) >> 4);
+    wgmma_fence();
+    fence_registers(sum[0]);
+    fence_registers(sum[1]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int accumulate = kFp8 && k == 0 ? 0 : 1;
+      wgmma<kElem, kT>(sum[0], slab0 + 2 * k, tokens + 2 * k, accumulate);
+      wgmma<kElem, kT>(sum[1], slab1 + 2 * k, tokens + 2 * k, accumulate);
+    }
+    wgmma_commit();
+  };
+
+  if constexpr (kFp8) {
+    // fp8-block: the weight scale of each slab's 128-row block (both slabs of a GEMM2
+    // warpgroup lie in one) and each token's activation scale, per K block.
+    int64_t ws[2] = {0, 0};
+    int64_t as_row[kAcc / 2] = {};
+    bool token_valid[kAcc / 2] = {};
+    if constexpr (kPerBlock) {
+      const int col = min(group_col0, p.n - 1);
+      ws[0] = weight_scale_base(p, kGated ? 2 : 1, tile.expert, 0, col);
+      ws[1] = kGated ? weight_scale_base(p, 2, tile.expert, 1, col) : ws[0];
+#pragma unroll
+      for (int t = 0; t < kAcc / 2; ++t) {
+        const int tok =
+            (t / 2) * 8 + 2 * q + t % 2;  // token(i) of the i with t == i / 4 * 2 + i % 2
+        token_valid[t] = tok < tile.rows;
+        as_row[t] = tile.row0 + (token_valid[t] ? tok : 0);
+      }
+    }
+    float part[2][kAcc];
+    for (int step = 0; step < steps; ++step) {
+      float w_scale[2] = {1.0f, 1.0f}, a_scale[kAcc / 2];
+#pragma unroll
+      for (int t = 0; t < kAcc / 2; ++t) a_scale[t] = 1.0f;
+      if constexpr (kPerBlock) {
+        w_scale[0] = __ldg(p.w_scale + ws[0] + step * p.ws_kb_step);
+        w_scale[1] = __ldg(p.w_scale + ws[1] + step * p.ws_kb_step);
+#pragma unroll
+        for (int t = 0; t < kAcc / 2; ++t) {
+          a_scale[t] = token_valid[t] ? activation_scale(p, as_row[t], step) : 0.0f;
+        }
+      }
+      issue(step, part);
+      wgmma_wait<0>();
+      fence_registers(part[0]);
+      fence_registers(part[1]);
+      release(step % S::kStages);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) {
+          // Accumulator i's token is the thread's token (i / 4) * 2 + i % 2.
+          const float a = kPerBlock ? a_scale[(i / 4) * 2 + i % 2] : 1.0f;
+          acc[s][i] += kPerBlock ? part[s][i] * (a * w_scale[s]) : part[s][i];
+        }
+      }
+    }
+  } else {
+    for (int step = 0; step < steps; ++step) {
+      issue(step, acc);
+      wgmma_wait<1>();
+      if (step > 0) release((step - 1) % S::kStages);
+    }
+  }
+  wgmma_wait<0>();
+  fence_registers(acc[0]);
+  fence_registers(acc[1]);
+
+  // Per-matrix or per-channel fp8 scales, applied once.
+  const auto tensor_scale = [&](int part_index, int col, int64_t row) {
+    if constexpr (kFp8 && !kPerBlock) {
+      return __ldg(p.w_scale + weight_scale_base(p, kGated ? 2 : 1, tile.expert, part_index, col)) *
+             activation_scale(p, row, 0);
+    }
+    return 1.0f;
+  };
+
+  if constexpr (!kGated) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        const int t = token(i), col = slab_col0(s) + weight_row(i);
+        if (t >= tile.rows || col >= p.n) continue;
+        const int64_t row = tile.row0 + t;
+        const float weight = p.route_weight == nullptr ? 1.0f : __ldg(p.route_weight + row);
+        static_cast<float*>(p.out)[row * p.n + col] =
+            weight * (acc[s][i] * tensor_scale(0, col, row));
+      }
+    }
+    return;
+  } else {
+    float v[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int t = token(i), col = group_col0 + weight_row(i);
+      v[i] = 0.0f;
+      if (t < tile.rows && col < p.n) {
+        const int64_t row = tile.row0 + t;
+        v[i] = activate(p.activation, acc[0][i] * tensor_scale(0, col, row),
+                        acc[1][i] * tensor_scale(1, col, row));
+      }
+    }
+    // Only where the CTA holds a whole scale group of 128 columns (wgmma_quantizes).
+    if constexpr (kFp8 && kTileCols == 128) {
+      if (p.q_out != nullptr) {
+        // GEMM2's e4m3 input, as quantize_rows_e4m3 would quantise the f32 values stored below:
+        // the CTA's 128 output columns are one scale group of each token. A token's amax over
+        // a warp's 16 rows is its lanes' (lane / 4 varies, lane % 4 fixed), then the 8 warps'.
+        __shared__ float warp_amax[S::kConsumers / 32][kT];
+        float amax[kAcc / 2];
+#pragma unroll
+        for (int t = 0; t < kAcc / 2; ++t) amax[t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) {
+          amax[(i / 4) * 2 + i % 2] = fmaxf(amax[(i / 4) * 2 + i % 2], fabsf(v[i]));
+        }
+#pragma unroll
+        for (int t = 0; t < kAcc / 2; ++t) {
+#pragma unroll
+          for (int d = 4; d < 32; d <<= 1) {
+            amax[t] = fmaxf(amax[t], __shfl_xor_sync(0xFFFFFFFFu, amax[t], d));
+          }
+          if (lane < 4) warp_amax[tid >> 5][(t / 2) * 8 + 2 * q + t % 2] = amax[t];
+        }
+        // The two consumer warpgroups alone (the producer warp has left): named barrier 1.
+        asm volatile("bar.sync 1, %0;\n" ::"n"(S::kConsumers) : "memory");
+        const int groups = (p.n + 127) / 128;
+        float scale[kAcc / 2];
+#pragma unroll
+        for (int t = 0; t < kAcc / 2; ++t) {
+          const int tok = (t / 2) * 8 + 2 * q + t % 2;
+          float m = 0.0f;
+#pragma unroll
+          for (int w = 0; w < S::kConsumers / 32; ++w) m = fmaxf(m, warp_amax[w][tok]);
+          scale[t] = p.q_static != nullptr ? __ldg(p.q_static) : fmaxf(m, 1e-10f) / 448.0f;
+          if (p.q_static == nullptr && tid < 4 && tok < tile.rows) {
+            p.q_scales[(tile.row0 + tok) * groups + n0 / 128] = scale[t];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) {
+          const int t = token(i), col = group_col0 + weight_row(i);
+          if (t >= tile.rows || col >= p.n) continue;
+          p.q_out[(tile.row0 + t) * int64_t{p.n} + col] = static_cast<uint8_t>(
+              __nv_cvt_float_to_fp8(v[i] / scale[(i / 4) * 2 + i % 2], __NV_SATFINITE, __NV_E4M3));
+        }
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int t = token(i), col = group_col0 + weight_row(i);
+      if (t >= tile.rows || col >= p.n) continue;
+      store_activation(p, (tile.row0 + t) * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
+    }
+  }
+}
+
+}  // namespace moekit::cuda_gemm::detail
