@@ -68,7 +68,7 @@ TEST(CudaGemmChoice, HopperTakesWgmmaWherePrefillWouldRun) {
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 80).kernel, GemmKernel::prefill);
   EXPECT_EQ(on(DType::bf16, 32768, 256, 7168, 2048, 90).token_tile, 128);
   EXPECT_EQ(on(DType::bf16, 4096, 128, 2048, 768, 90).token_tile, 64);
-  // e4m3 takes wgmma from one row per expert on, in tiles of 64.
+  // e4m3 takes wgmma from one row per expert on; beyond the decode tiles, in tiles of 64.
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 90).kernel, GemmKernel::wgmma);
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2048, 80).kernel, GemmKernel::decode);
   EXPECT_EQ(on(DType::f8e4m3, 32768, 256, 7168, 2048, 90).token_tile, 64);
@@ -77,13 +77,41 @@ TEST(CudaGemmChoice, HopperTakesWgmmaWherePrefillWouldRun) {
   EXPECT_EQ(on(DType::f8e4m3, 8, 256, 7168, 2056, 90).kernel, GemmKernel::decode);
 }
 
+TEST(CudaGemmChoice, HopperTakesTheDecodeTilesUpToTwoRowsPerHitExpertInCtasOf256WeightRows) {
+  const auto on = [](DType dtype, int64_t rows, int E, int H, int I) {
+    return choose_gemm({dtype, rows, E, H, I, 132, 90});
+  };
+  for (DType dtype : {DType::f8e4m3, DType::bf16}) {
+    // DeepSeek-V3 T = 1, 8, 64 (1, 1, 2 rows per hit expert); Qwen3-30B-A3B T = 1 and 8.
+    for (int64_t rows : {8, 64, 512}) {
+      const auto c = on(dtype, rows, 256, 7168, 2048);
+      EXPECT_EQ(c.kernel, GemmKernel::wgmma);
+      EXPECT_EQ(c.token_tile, 8);
+      EXPECT_EQ(c.gemm1_cols, 0);
+      EXPECT_EQ(c.gemm2_cols, 0);
+    }
+    for (int64_t rows : {8, 64}) {
+      const auto c = on(dtype, rows, 128, 2048, 768);
+      EXPECT_EQ(c.token_tile, 8);
+      EXPECT_EQ(c.gemm1_cols, 0) << "e4m3's GEMM1 quantises in CTAs of 256 weight rows";
+    }
+    // Past 2 rows per hit expert: tiles of 64 (Qwen3 T = 64: 4 rows).
+    EXPECT_EQ(on(dtype, 512, 128, 2048, 768).token_tile, 64);
+  }
+  // The e4m3 GEMM1 of the decode tile quantises its output; its narrow CTAs do not.
+  EXPECT_TRUE(moekit::cuda_gemm::gemm1_quantizes({GemmKernel::wgmma, 8, 1, 1}, 128, false));
+  EXPECT_TRUE(moekit::cuda_gemm::gemm1_quantizes({GemmKernel::wgmma, 16, 1, 1}, 0, true));
+  EXPECT_FALSE(
+      moekit::cuda_gemm::gemm1_quantizes({GemmKernel::wgmma, 8, 1, 1, 128, 128}, 128, false));
+}
+
 TEST(CudaGemmChoice, HopperTilesOf64RowsTakeNarrowCtasWhereAnExpertHasFewWeightRows) {
   const auto on = [](DType dtype, int64_t rows, int E, int H, int I) {
     return choose_gemm({dtype, rows, E, H, I, 132, 90});
   };
-  // Qwen3-30B-A3B: GEMM1's 1536 and GEMM2's 2048 weight rows per expert, at T = 1 and 512.
+  // Qwen3-30B-A3B: GEMM1's 1536 and GEMM2's 2048 weight rows per expert, at T = 64 and 512.
   for (DType dtype : {DType::f8e4m3, DType::bf16}) {
-    for (int64_t rows : {8, 4096}) {
+    for (int64_t rows : {512, 4096}) {
       const auto c = on(dtype, rows, 128, 2048, 768);
       EXPECT_EQ(c.kernel, GemmKernel::wgmma);
       EXPECT_EQ(c.gemm1_cols, 128);
@@ -91,11 +119,11 @@ TEST(CudaGemmChoice, HopperTilesOf64RowsTakeNarrowCtasWhereAnExpertHasFewWeightR
     }
   }
   // DeepSeek-V3: 4096 and 7168, the widest CTAs.
-  const auto dsv3 = on(DType::f8e4m3, 8, 256, 7168, 2048);
+  const auto dsv3 = on(DType::f8e4m3, 4096, 256, 7168, 2048);
   EXPECT_EQ(dsv3.gemm1_cols, 0);
   EXPECT_EQ(dsv3.gemm2_cols, 0);
   // A hidden size past 2048 keeps GEMM2 wide while GEMM1 narrows.
-  const auto mixed = on(DType::f8e4m3, 8, 128, 4096, 768);
+  const auto mixed = on(DType::f8e4m3, 4096, 128, 4096, 768);
   EXPECT_EQ(mixed.gemm1_cols, 128);
   EXPECT_EQ(mixed.gemm2_cols, 0);
   // Tiles of 128 rows have one width.

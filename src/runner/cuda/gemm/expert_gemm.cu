@@ -53,9 +53,14 @@ constexpr int64_t kWgmma128MinRows = 96;
 //   Where GEMM1 takes them, 16-bit runs wgmma even at the batches where its grid would have sent
 //   it to decode.
 constexpr int kWgmmaNarrowMaxWeightRows = 2048;
-// - wgmma's decode tiles (weights on wgmma's M side, 8 token rows on N) while an expert hit by
-//   the batch gets at most this many rows on average.
+// - wgmma's decode tiles (weights on wgmma's M side, 8 token rows on N; bench/cuda/NOTES.md v8)
+//   while an expert hit by the batch gets at most 2 rows on average, in CTAs of 256 weight rows
+//   (for e4m3 GEMM1 then quantises GEMM2's input). Both GEMMs, us, against the tiles of 64:
+//   Qwen3-30B-A3B T = 1 e4m3 22.8 against 28.1 (narrow, the tile of 128 weight rows 25.6), bf16
+//   30.6 against 33.9; T = 8 e4m3 76.1 against 80.0; DeepSeek-V3 bf16 T = 8 / 64 1156 / 4425
+//   against 1167 / 4528, e4m3 T = 8 590 against 610. Level at 4 rows (Qwen3 T = 64).
 constexpr int64_t kWgmmaDecodeMaxRows = 2;
+constexpr int kWgmmaDecodeTile = 8;
 constexpr int kWgmmaNarrowCols = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -282,8 +287,9 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
   const int gemm1_cols = narrow(2 * int64_t{problem.intermediate});
   if (problem.compute_capability == 90 && aligned) {
     if (!fp8 && per_expert >= kWgmma128MinRows) return {GemmKernel::wgmma, 128, 1, 1};
+    if (per_expert <= kWgmmaDecodeMaxRows) return {GemmKernel::wgmma, kWgmmaDecodeTile, 1, 1};
     return {.kernel = GemmKernel::wgmma,
-            .token_tile = per_expert <= kWgmmaDecodeMaxRows ? 8 : 64,
+            .token_tile = 64,
             .gemm1_cols = gemm1_cols,
             .gemm2_cols = narrow(problem.hidden)};
   }

@@ -35,12 +35,14 @@ namespace moekit::cuda_gemm {
 // prefill: tensor-core tiles of 64 or 128 rows x 128 weight rows with a cp.async pipeline and
 // mma.sync, on every GPU from sm_80.
 // wgmma: Hopper's warpgroup MMA fed by TMA copies from a producer warp (sm_90a; 64 or 128 rows
-// x 128 or 256 weight rows), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0.
+// x 128 or 256 weight rows, or the decode tiles of 8 or 16 rows with the weights on wgmma's M
+// side), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0.
 enum class GemmKernel : uint8_t { decode, prefill, wgmma };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::decode;
-  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill and wgmma 64 or 128
+  int token_tile = 8;  // rows of one expert per CTA: decode 8, prefill 64 or 128, wgmma 8, 16,
+                       // 64 or 128
   // decode: slices of 32 weight rows each CTA takes in turn (1 to 4), for GEMM1 and GEMM2.
   int gemm1_slices = 1;
   int gemm2_slices = 1;
@@ -70,8 +72,9 @@ struct GemmProblem {
 // - bf16/f16: prefill, unless its GEMM1 grid would give fewer CTAs than the device has SMs
 //   (tiny layers at T = 1): then decode, one slice per CTA.
 // - prefill's token tile: for bf16/f16 128 rows from about 96 rows per hit expert, else 64.
-// - compute capability 9.0: wgmma wherever 16-bit prefill would run, in tiles of 128 rows from
-//   about 96 rows per hit expert, else 64; e4m3 always on wgmma (aligned rows), in tiles of 64.
+// - compute capability 9.0: wgmma for every aligned shape: the decode tiles of 8 rows (weights
+//   on wgmma's M side) up to 2 rows per hit expert, 16-bit tiles of 128 rows from about 96,
+//   else tiles of 64.
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);

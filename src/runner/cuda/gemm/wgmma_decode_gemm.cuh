@@ -60,11 +60,19 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   extern __shared__ uint4 smem[];
   __shared__ int scratch[S::kThreads / 32 + 4];
   __shared__ uint64_t full[S::kStages], empty[S::kStages];
+  // fp8-block: each stage's scales, copied with its boxes by the producer warp (a load issued by
+  // the consumers at each step waited out a memory round trip per K step under the stream of
+  // weights, which paced the whole kernel): slots 2g and 2g + 1 warpgroup g's weight scales
+  // (gate and up; GEMM2 the first alone), slot 4 + t token t's activation scale.
+  constexpr int kScaleSlots = 4 + kT;
+  __shared__ float stage_scales[kPerBlock ? S::kStages : 1][kScaleSlots];
+  static_assert(kScaleSlots <= 32, "a lane of the producer warp copies each scale");
 
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int s = 0; s < S::kStages; ++s) {
-      mbarrier_init(smem_address(&full[s]), 1);
+      // The TMA copies' arrival, and with the scales each producer lane's cp.async arrival.
+      mbarrier_init(smem_address(&full[s]), kPerBlock ? 1 + 32 : 1);
       mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
     }
     fence_mbarrier_init();
@@ -86,8 +94,29 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
 
   if (tid >= S::kConsumers) {
-    if (tid == S::kConsumers)
-      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty);
+    const int lane = tid - S::kConsumers;
+    if constexpr (kPerBlock) {
+      const auto copy_scales = [&](int step, int stage, uint32_t bar) {
+        const uint32_t slot = smem_address(&stage_scales[stage][lane]);
+        if (lane < 2 * S::kGroups) {
+          const int g = lane / 2, part = lane % 2;
+          if (kGated || part == 0) {
+            const int col = min(n0 + g * kGroupOut, p.n - 1);
+            cp_async_4(slot, p.w_scale +
+                                 weight_scale_base(p, kGated ? 2 : 1, tile.expert, part, col) +
+                                 step * p.ws_kb_step);
+          }
+        } else if (lane >= 4 && lane - 4 < tile.rows) {
+          const int64_t row = tile.row0 + lane - 4;
+          cp_async_4(slot, p.a_scale + row * p.as_cols + step * p.as_kb_step);
+        }
+        cp_async_mbarrier_arrive(bar);
+      };
+      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, lane, copy_scales);
+    } else if (lane == 0) {
+      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, lane,
+                         [](int, int, uint32_t) {});
+    }
     return;
   }
   if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales
@@ -132,37 +161,26 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   };
 
   if constexpr (kFp8) {
-    // fp8-block: the weight scale of each slab's 128-row block (both slabs of a GEMM2
-    // warpgroup lie in one) and each token's activation scale, per K block.
-    int64_t ws[2] = {0, 0};
-    int64_t as_row[kAcc / 2] = {};
+    // fp8-block: which of the thread's tokens are rows of the tile (the others' scales are 0).
     bool token_valid[kAcc / 2] = {};
-    if constexpr (kPerBlock) {
-      const int col = min(group_col0, p.n - 1);
-      ws[0] = weight_scale_base(p, kGated ? 2 : 1, tile.expert, 0, col);
-      ws[1] = kGated ? weight_scale_base(p, 2, tile.expert, 1, col) : ws[0];
 #pragma unroll
-      for (int t = 0; t < kAcc / 2; ++t) {
-        const int tok =
-            (t / 2) * 8 + 2 * q + t % 2;  // token(i) of the i with t == i / 4 * 2 + i % 2
-        token_valid[t] = tok < tile.rows;
-        as_row[t] = tile.row0 + (token_valid[t] ? tok : 0);
-      }
-    }
+    for (int t = 0; t < kAcc / 2; ++t) token_valid[t] = (t / 2) * 8 + 2 * q + t % 2 < tile.rows;
     float part[2][kAcc];
     for (int step = 0; step < steps; ++step) {
+      issue(step, part);
+      // The stage's scales, while the wgmma run (their stage is full, so they have arrived).
       float w_scale[2] = {1.0f, 1.0f}, a_scale[kAcc / 2];
 #pragma unroll
       for (int t = 0; t < kAcc / 2; ++t) a_scale[t] = 1.0f;
       if constexpr (kPerBlock) {
-        w_scale[0] = __ldg(p.w_scale + ws[0] + step * p.ws_kb_step);
-        w_scale[1] = __ldg(p.w_scale + ws[1] + step * p.ws_kb_step);
+        const float* scales = stage_scales[step % S::kStages];
+        w_scale[0] = scales[2 * group];
+        w_scale[1] = scales[2 * group + (kGated ? 1 : 0)];
 #pragma unroll
         for (int t = 0; t < kAcc / 2; ++t) {
-          a_scale[t] = token_valid[t] ? activation_scale(p, as_row[t], step) : 0.0f;
+          a_scale[t] = token_valid[t] ? scales[4 + (t / 2) * 8 + 2 * q + t % 2] : 0.0f;
         }
       }
-      issue(step, part);
       wgmma_wait<0>();
       fence_registers(part[0]);
       fence_registers(part[1]);

@@ -91,14 +91,17 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
   if constexpr (kElem == Elem::e4m3 && kN == 8) wgmma_e4m3_n8(d, a, b, accumulate);
 }
 
-// The producer warp's one thread: every TMA copy of a CTA's K loop into S's stages (the A box of
-// S::kRows token rows, then the weight boxes: for GEMM1 a warpgroup's gate rows, then its up
-// rows of the same columns), each stage's copies completing on its `full` barrier, and each
-// stage reused once the consumer warps have handed it back on `empty`.
-template <class S, bool kGated>
+// The producer warp: every copy of a CTA's K loop into S's stages. Lane 0 issues the TMA copies
+// (the A box of S::kRows token rows, then the weight boxes: for GEMM1 a warpgroup's gate rows,
+// then its up rows of the same columns), each stage's completing on its `full` barrier, and
+// reuses a stage once the consumer warps have handed it back on `empty`. `also(step, stage,
+// bar)` runs on every lane that calls this, after that lane has seen the stage handed back and
+// after the kernel's inputs are ready: copies of its own into the stage (the decode kernel's
+// scales), which must arrive on `bar` as `full`'s count expects.
+template <class S, bool kGated, class Also>
 __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile, int n0, int steps,
                                         uint32_t a_smem, uint32_t b_smem, uint64_t* full,
-                                        uint64_t* empty) {
+                                        uint64_t* empty, int lane, const Also& also) {
   const Params& p = args.p;
   constexpr int kBoxRows = S::box_rows(kGated);
   constexpr int kHalf = S::kGroupCols / 2;
@@ -119,10 +122,12 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
   };
   // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
   const int early = kGated ? 0 : min(steps, S::kStages);
-  for (int step = 0; step < early; ++step) {
-    const uint32_t bar = smem_address(&full[step]);
-    mbarrier_add_tx(bar, S::kStageB);
-    load_weights(step, bar);
+  if (lane == 0) {
+    for (int step = 0; step < early; ++step) {
+      const uint32_t bar = smem_address(&full[step]);
+      mbarrier_add_tx(bar, S::kStageB);
+      load_weights(step, bar);
+    }
   }
   if constexpr (!kGated) cuda_launch::wait_for_inputs();
   for (int step = 0; step < steps; ++step) {
@@ -131,9 +136,12 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
       mbarrier_wait(smem_address(&empty[stage]), (step / S::kStages - 1) & 1);
     }
     const uint32_t bar = smem_address(&full[stage]);
-    mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
-    tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
-    if (step >= early) load_weights(step, bar);
+    if (lane == 0) {
+      mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
+      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
+      if (step >= early) load_weights(step, bar);
+    }
+    also(step, stage, bar);
   }
 }
 
@@ -181,8 +189,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
 
   if (tid >= S::kConsumers) {
     // The producer: one thread issues every copy.
-    if (tid == S::kConsumers)
-      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty);
+    if (tid == S::kConsumers) {
+      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, 0,
+                         [](int, int, uint32_t) {});
+    }
     return;
   }
   if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales

@@ -79,6 +79,17 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
       : "memory");
 }
 
+// A 4-byte copy from global to shared memory that completes asynchronously (cp.async), and an
+// arrival on an mbarrier once every earlier cp.async of this thread has completed, without
+// raising the barrier's expected count (`noinc`: its init count includes it).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma fence or wait:
 // they are registers the asm statements above do not name.
 template <int kN>
