@@ -69,13 +69,29 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   static_assert(kScaleSlots <= 32, "a lane of the producer warp copies each scale");
 
   const int tid = static_cast<int>(threadIdx.x);
-  // The TMA copies' arrival on `full`, and with the scales each producer lane's cp.async arrival.
-  const CtaStart start = start_cta<S, kGated, kTileCols>(p, kBytes, kPerBlock ? 1 + 32 : 1, full,
-                                                         empty, scratch, smem);
-  if (start.tile.expert < 0) return;
-  const Tile& tile = start.tile;
-  const int steps = start.steps, n0 = start.n0;
-  const uint32_t a_smem = start.a_smem, b_smem = start.b_smem;
+  if (tid == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      // The TMA copies' arrival, and with the scales each producer lane's cp.async arrival.
+      mbarrier_init(smem_address(&full[s]), kPerBlock ? 1 + 32 : 1);
+      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+    }
+    fence_mbarrier_init();
+  }
+  // As in the wgmma kernel: GEMM1 waits before it reads the sort's offsets and lets GEMM2 be
+  // scheduled; GEMM2 finds its tile and loads its first weights before it waits.
+  if constexpr (kGated) {
+    cuda_launch::wait_for_inputs();
+    cuda_launch::release_dependents();
+  }
+  const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
+  const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
+                                           S::kRows, col_tiles, scratch);
+  if (tile.expert < 0) return;
+  const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
+  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
+  const int n0 = tile.col * kTileCols;
+  const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
+  const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
 
   if (tid >= S::kConsumers) {
     const int lane = tid - S::kConsumers;

@@ -145,51 +145,6 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
   }
 }
 
-// Where a wgmma kernel's CTA starts: its tile (tile.expert < 0: no work), its K steps, its first
-// output column and its stages' rows and weights in shared memory.
-struct CtaStart {
-  Tile tile;
-  int steps;
-  int n0;
-  uint32_t a_smem;
-  uint32_t b_smem;
-};
-
-// What every wgmma kernel's CTA does first: initialises the stages' barriers (`full` counting
-// `full_arrivals`, `empty` the consumer warps), takes its place in the launch chain and finds
-// its tile. GEMM1 waits for its inputs before it reads the sort's offsets (the one-launch sort +
-// gather writes them in the kernel before it), then lets GEMM2 be scheduled: GEMM2's CTAs take
-// the SMs GEMM1's CTAs leave (neither fits beside the other) and start loading weights there.
-// GEMM2 finds its tile before the wait: its offsets come from the sort, which completed before
-// GEMM1 could pass its own wait.
-template <class S, bool kGated, int kTileCols>
-__device__ __forceinline__ CtaStart start_cta(const Params& p, int elem_bytes, int full_arrivals,
-                                              uint64_t* full, uint64_t* empty, int* scratch,
-                                              const void* smem) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S::kStages; ++s) {
-      mbarrier_init(smem_address(&full[s]), full_arrivals);
-      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
-    }
-    fence_mbarrier_init();
-  }
-  if constexpr (kGated) {
-    cuda_launch::wait_for_inputs();
-    cuda_launch::release_dependents();
-  }
-  const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
-  // Its block barriers also publish the mbarriers' initialisation.
-  CtaStart start;
-  start.tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
-                                      S::kRows, col_tiles, scratch);
-  const int64_t row_bytes = static_cast<int64_t>(p.k) * elem_bytes;
-  start.steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
-  start.n0 = start.tile.col * kTileCols;
-  start.a_smem = (smem_address(smem) + 1023u) & ~1023u;
-  start.b_smem = start.a_smem + S::kStages * S::kStageA;
-  return start;
-}
-
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
@@ -205,11 +160,32 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   __shared__ uint64_t full[S::kStages], empty[S::kStages];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const CtaStart start = start_cta<S, kGated, kTileCols>(p, kBytes, 1, full, empty, scratch, smem);
-  if (start.tile.expert < 0) return;
-  const Tile& tile = start.tile;
-  const int steps = start.steps, n0 = start.n0;
-  const uint32_t a_smem = start.a_smem, b_smem = start.b_smem;
+  if (tid == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbarrier_init(smem_address(&full[s]), 1);
+      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+    }
+    fence_mbarrier_init();
+  }
+  // GEMM1 waits for its inputs before it reads the sort's offsets (the one-launch sort + gather
+  // writes them in the kernel before it), then lets GEMM2 be scheduled: GEMM2's CTAs take the
+  // SMs GEMM1's CTAs leave (neither fits beside the other) and start loading weights there.
+  // GEMM2 finds its tile before the wait: its offsets come from the sort, which completed
+  // before GEMM1 could pass its own wait.
+  if constexpr (kGated) {
+    cuda_launch::wait_for_inputs();
+    cuda_launch::release_dependents();
+  }
+  const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
+  // Its block barriers also publish the mbarriers' initialisation.
+  const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
+                                           S::kRows, col_tiles, scratch);
+  if (tile.expert < 0) return;
+  const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
+  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
+  const int n0 = tile.col * kTileCols;
+  const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
+  const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
 
   if (tid >= S::kConsumers) {
     // The producer: one thread issues every copy.
