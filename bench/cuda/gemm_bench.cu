@@ -145,6 +145,13 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
   float* act_scales = device_floats(rows * kb_i, 0.0f);
   float* route = device_floats(rows, 0.5f);
   float* out = device_floats(rows * m.H, 0.0f);
+  // Split K's partial sums and its counters, zero before the first launch.
+  const SplitKSize split1 = split_k_size(choice, true, rows, m.E, m.I),
+                   split2 = split_k_size(choice, false, rows, m.E, m.H);
+  float* partials1 = device_floats(split1.partials, 0.0f);
+  float* partials2 = device_floats(split2.partials, 0.0f);
+  auto* counters =
+      reinterpret_cast<uint32_t*>(device_floats(split1.counters + split2.counters, 0.0f));
 
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
@@ -167,7 +174,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .activation = Activation::SiluGated(),
                   .act = act,
                   .quantized = quantized,
-                  .choice = choice},
+                  .choice = choice,
+                  .split = {.partials = partials1, .counters = counters}},
                  stream);
     if (fp8 && !quantizes) {
       launch_quantize_rows_e4m3({.in = static_cast<float*>(act),
@@ -194,7 +202,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .intermediate = m.I,
                   .route_weight = route,
                   .out = out,
-                  .choice = choice},
+                  .choice = choice,
+                  .split = {.partials = partials2, .counters = counters + split1.counters}},
                  stream);
   };
   const auto capture = [&](cudaGraphExec_t& exec, auto&& body) {
@@ -273,8 +282,10 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
-  for (void* p : {x, act, static_cast<void*>(act_q), static_cast<void*>(act_scales),
-                  static_cast<void*>(route), static_cast<void*>(out), static_cast<void*>(x_scales)})
+  for (void* p :
+       {x, act, static_cast<void*>(act_q), static_cast<void*>(act_scales),
+        static_cast<void*>(route), static_cast<void*>(out), static_cast<void*>(x_scales),
+        static_cast<void*>(partials1), static_cast<void*>(partials2), static_cast<void*>(counters)})
     cudaFree(p);
   return res;
 }
@@ -341,7 +352,26 @@ int main(int argc, char** argv) {
               // The decode tiles (weights on wgmma's M side), wide and narrow.
               GemmChoice{GemmKernel::wgmma, 8, 1, 1}, GemmChoice{GemmKernel::wgmma, 16, 1, 1},
               GemmChoice{GemmKernel::wgmma, 8, 1, 1, 128, 128},
-              GemmChoice{GemmKernel::wgmma, 16, 1, 1, 128, 128}}) {
+              GemmChoice{GemmKernel::wgmma, 16, 1, 1, 128, 128},
+              // Split K on the decode tile of 8, against the heuristic's count.
+              GemmChoice{.kernel = GemmKernel::wgmma,
+              .token_tile = 8,
+              .gemm1_splits = 2,
+              .gemm2_splits = 2},
+              GemmChoice{.kernel = GemmKernel::wgmma,
+              .token_tile = 8,
+              .gemm1_splits = 3,
+              .gemm2_splits = 2},
+              GemmChoice{.kernel = GemmKernel::wgmma,
+              .token_tile = 8,
+              .gemm1_splits = 4,
+              .gemm2_splits = 4},
+              GemmChoice{.kernel = GemmKernel::wgmma,
+              .token_tile = 8,
+              .gemm1_cols = 128,
+              .gemm2_cols = 128,
+              .gemm1_splits = 2,
+              .gemm2_splits = 2}}) {
           if (other.str() == chosen.str()) continue;
           if (other.kernel == GemmKernel::wgmma && cc != 90) continue;
           // Decode past a few dozen rows per expert is far behind and slow to run.

@@ -44,6 +44,8 @@ struct CudaGemmChoice {
   int gemm2_slices = 1;
   int gemm1_cols = 0;  // wgmma: weight rows per CTA, GEMM1 and GEMM2 (0: the tile's widest)
   int gemm2_cols = 0;
+  int gemm1_splits = 1;  // wgmma decode tiles: CTAs sharing a tile's K steps, GEMM1 and GEMM2
+  int gemm2_splits = 1;
 };
 struct CudaKernels {
   std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)

@@ -371,6 +371,20 @@ CaseResult run_case(const GemmCase& c) {
   const int act_groups = c.format == Format::fp8_block ? (I + 127) / 128 : 1;
   DeviceBuffer act_scales(static_cast<size_t>(capacity) * act_groups * 4);
   DeviceBuffer out(static_cast<size_t>(capacity) * H * 4);
+  // Split K's partial sums and counters (zero before the first launch, as the core keeps them).
+  const auto split_k = moekit::cuda_gemm::split_k_size;
+  const auto split1 = split_k(choice, true, capacity, E, I),
+             split2 = split_k(choice, false, capacity, E, H);
+  DeviceBuffer partials1(static_cast<size_t>(split1.partials) * 4),
+      partials2(static_cast<size_t>(split2.partials) * 4);
+  DeviceBuffer counters(static_cast<size_t>(split1.counters + split2.counters) * 4);
+  check(cudaMemset(counters.as<void>(), 0,
+                   static_cast<size_t>(split1.counters + split2.counters) * 4),
+        "zero the counters");
+  const moekit::cuda_gemm::SplitK gemm1_split{.partials = partials1.as<float>(),
+                                              .counters = counters.as<uint32_t>()},
+      gemm2_split{.partials = partials2.as<float>(),
+                  .counters = counters.as<uint32_t>() + split1.counters};
 
   const auto scales_of = [&](const Stack& w, const DeviceBuffer& weight_scales,
                              const float* activation_scales) {
@@ -401,7 +415,8 @@ CaseResult run_case(const GemmCase& c) {
          .activation = c.activation,
          .act = act.as<void>(),
          .quantized = quantized,
-         .choice = choice},
+         .choice = choice,
+         .split = gemm1_split},
         nullptr);
   };
   const auto run = [&]() {
@@ -434,7 +449,8 @@ CaseResult run_case(const GemmCase& c) {
                                      .intermediate = I,
                                      .route_weight = d_route->as<float>(),
                                      .out = out.as<float>(),
-                                     .choice = choice},
+                                     .choice = choice,
+                                     .split = gemm2_split},
                                     nullptr);
     check(cudaDeviceSynchronize(), c.name.c_str());
   };
@@ -521,6 +537,11 @@ CaseResult run_case(const GemmCase& c) {
   if (act.download() != act_bytes || out.download() != out_bytes) {
     fail("a second run gave different bits");
   }
+  const std::vector<uint8_t> counts = counters.download();
+  if (!std::all_of(counts.begin(), counts.end(), [](uint8_t b) { return b == 0; })) {
+    fail("split K left a counter other than zero for the next launch");
+  }
+  if (choice.gemm1_splits > 1 || choice.gemm2_splits > 1) summary << " (split K)";
   result.summary = summary.str();
   return result;
 }
@@ -616,6 +637,30 @@ std::vector<GemmCase> all_cases() {
                      wgmma16});
     cases.push_back(
         {n + "_wgmma_decode16_edges", f, 208, 144, few, Activation::SiluGated(), true, wgmma16});
+    // Split K: uneven shares of the K steps, splits with no step at all (fp8 GEMM2 of 2 steps
+    // in 3, a K of 1024 e4m3 in 8), the tile of 16 rows, CTAs of 128 weight rows.
+    const auto split = [](int tile, int cols, int gemm1_splits, int gemm2_splits) {
+      return GemmChoice{.kernel = GemmKernel::wgmma,
+                        .token_tile = tile,
+                        .gemm1_cols = cols,
+                        .gemm2_cols = cols,
+                        .gemm1_splits = gemm1_splits,
+                        .gemm2_splits = gemm2_splits};
+    };
+    cases.push_back({n + "_wgmma_decode8_split", f, 384, 256, few, Activation::SiluGated(), true,
+                     split(8, 0, 3, 2)});
+    cases.push_back({n + "_wgmma_decode16_split_edges_gelu",
+                     f,
+                     208,
+                     144,
+                     {40, 0, 16, 1},
+                     Activation::GeluGated(),
+                     true,
+                     split(16, 0, 2, 3)});
+    cases.push_back({n + "_wgmma_decode8_split8_swiglu", f, 1024, 512, few, Activation::SwigluOai(),
+                     true, split(8, 0, 8, 8)});
+    cases.push_back({n + "_wgmma_decode8_narrow_split", f, 384, 256, few, Activation::SiluGated(),
+                     true, split(8, 128, 2, 3)});
     // Rows that are not 16-byte aligned: the element-wise decode path.
     cases.push_back({n + "_unaligned",
                      f,

@@ -300,6 +300,10 @@ std::string gemm_path(const Plan& plan, int64_t tokens) {
     const auto cols = [](int n) { return n == 0 ? std::string("-") : std::to_string(n); };
     path += fmt::format("x{},{}", cols(c.gemm1_cols), cols(c.gemm2_cols));
   }
+  // Split K: GEMM1's and GEMM2's CTAs per tile.
+  if (c.gemm1_splits != 1 || c.gemm2_splits != 1) {
+    path += fmt::format(" k/{},{}", c.gemm1_splits, c.gemm2_splits);
+  }
   return path;
 }
 

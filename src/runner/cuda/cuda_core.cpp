@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cuda_device.hpp"
 #include "core/scratch.hpp"
 #include "moekit/error.hpp"
 #include "runner/cuda/gemm/expert_gemm.hpp"
@@ -48,7 +49,14 @@ class CudaCore final : public RunnerCore {
         dtype_(problem.quant.weight_dtype),
         fp8_(dtype_ == DType::f8e4m3),
         static_(problem.quant.activation == ActivationQuant::fp8_static),
-        max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)) {}
+        max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)),
+        split_(split_k_needs()),
+        split_counters_(
+            Buffer::allocate(problem.device, 4 * (split_.gemm1.counters + split_.gemm2.counters))) {
+    if (split_counters_.bytes() > 0) {
+      cuda_device::fill(problem.device, split_counters_.data(), 0, split_counters_.bytes());
+    }
+  }
 
   RunnerFormat format() const override { return RunnerFormat::standard; }
   int64_t scratch_bytes() const override {
@@ -134,7 +142,8 @@ class CudaCore final : public RunnerCore {
                                                       .scales = a.act_scales,
                                                       .static_scale = gemm2_static_scale}
                           : cuda_gemm::Gemm1Quantized{},
-         .choice = choice},
+         .choice = choice,
+         .split = {.partials = a.gemm1_partials, .counters = split_counter(0)}},
         stream);
     if (fp8_ && !quantized_by_gemm1) {
       cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
@@ -160,7 +169,8 @@ class CudaCore final : public RunnerCore {
          .intermediate = static_cast<int>(I),
          .route_weight = nullptr,
          .out = a.out,
-         .choice = choice},
+         .choice = choice,
+         .split = {.partials = a.gemm2_partials, .counters = split_counter(split_.gemm1.counters)}},
         stream);
     // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
     // to its dtype as the output stage would have converted it.
@@ -190,8 +200,35 @@ class CudaCore final : public RunnerCore {
     void* act;        // [max_rows, I]: the weights' dtype, f32 for fp8
     uint8_t* act_e4m3;
     float* act_scales;
-    float* out;  // [max_rows, H]
+    float* out;             // [max_rows, H]
+    float* gemm1_partials;  // split K (SplitNeeds)
+    float* gemm2_partials;
   };
+  // What split K needs at most over the plan's runs, each at its largest batch: the partial
+  // sums are scratch of each forward, the counters this core's own (zeroed once, and left zero
+  // by every launch), GEMM1's then GEMM2's.
+  struct SplitNeeds {
+    cuda_gemm::SplitKSize gemm1, gemm2;
+  };
+  SplitNeeds split_k_needs() const {
+    SplitNeeds needs;
+    const auto widen = [](cuda_gemm::SplitKSize& most, const cuda_gemm::SplitKSize& s) {
+      most.partials = std::max(most.partials, s.partials);
+      most.counters = std::max(most.counters, s.counters);
+    };
+    for (const CudaGemmChoice& run : kernels_) {
+      const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(run);
+      const int64_t rows = sort_max_rows(run.up_to_tokens * p_.columns, p_.slots, 1, 0);
+      widen(needs.gemm1, cuda_gemm::split_k_size(choice, true, rows, p_.slots,
+                                                 static_cast<int>(p_.intermediate)));
+      widen(needs.gemm2,
+            cuda_gemm::split_k_size(choice, false, rows, p_.slots, static_cast<int>(p_.hidden)));
+    }
+    return needs;
+  }
+  uint32_t* split_counter(int64_t at) const {
+    return static_cast<uint32_t*>(split_counters_.data()) + at;
+  }
   Arrays carve(ScratchCarver& carver) const {
     const int64_t H = p_.hidden, I = p_.intermediate, R = max_rows_;
     const DType act_dtype = fp8_ ? DType::f32 : dtype_;
@@ -205,7 +242,9 @@ class CudaCore final : public RunnerCore {
             carver.take<std::byte>(dtype_storage_bytes(act_dtype, R * I)),
             carver.take<uint8_t>(fp8_ ? R * I : 0),
             carver.take<float>(fp8_ ? R * groups(I, scale_group(p_.quant, I)) : 0),
-            carver.take<float>(R * H)};
+            carver.take<float>(R * H),
+            carver.take<float>(split_.gemm1.partials),
+            carver.take<float>(split_.gemm2.partials)};
   }
 
   ExpertsProblem p_;
@@ -214,6 +253,8 @@ class CudaCore final : public RunnerCore {
   bool fp8_;
   bool static_;  // fp8 activations with the checkpoint's static scales
   int64_t max_rows_;
+  SplitNeeds split_;
+  Buffer split_counters_;
 };
 
 }  // namespace

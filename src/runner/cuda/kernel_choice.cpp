@@ -24,13 +24,16 @@ CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
           .gemm1_slices = c.gemm1_slices,
           .gemm2_slices = c.gemm2_slices,
           .gemm1_cols = c.gemm1_cols,
-          .gemm2_cols = c.gemm2_cols};
+          .gemm2_cols = c.gemm2_cols,
+          .gemm1_splits = c.gemm1_splits,
+          .gemm2_splits = c.gemm2_splits};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
   return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
          a.gemm2_slices == b.gemm2_slices && a.gemm1_cols == b.gemm1_cols &&
-         a.gemm2_cols == b.gemm2_cols;
+         a.gemm2_cols == b.gemm2_cols && a.gemm1_splits == b.gemm1_splits &&
+         a.gemm2_splits == b.gemm2_splits;
 }
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
@@ -69,6 +72,9 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
     if (c.kernel == CudaGemmKernel::wgmma && (c.gemm1_cols != 0 || c.gemm2_cols != 0)) {
       const auto cols = [](int n) { return n == 0 ? std::string("widest") : std::to_string(n); };
       text += fmt::format(" ({}/{} weight rows per CTA)", cols(c.gemm1_cols), cols(c.gemm2_cols));
+    }
+    if (c.gemm1_splits != 1 || c.gemm2_splits != 1) {
+      text += fmt::format(" (K split in {}/{})", c.gemm1_splits, c.gemm2_splits);
     }
     from = c.up_to_tokens + 1;
   }
@@ -115,7 +121,9 @@ cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
           .gemm1_slices = c.gemm1_slices,
           .gemm2_slices = c.gemm2_slices,
           .gemm1_cols = c.gemm1_cols,
-          .gemm2_cols = c.gemm2_cols};
+          .gemm2_cols = c.gemm2_cols,
+          .gemm1_splits = c.gemm1_splits,
+          .gemm2_splits = c.gemm2_splits};
 }
 
 std::string describe(const CudaKernels& k) {

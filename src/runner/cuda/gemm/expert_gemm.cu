@@ -62,6 +62,13 @@ constexpr int kWgmmaNarrowMaxWeightRows = 2048;
 constexpr int64_t kWgmmaDecodeMaxRows = 2;
 constexpr int kWgmmaDecodeTile = 8;
 constexpr int kWgmmaNarrowCols = 128;
+// - split K on the decode tiles (one CTA of 256 weight rows to an SM): where the batch's tiles
+//   number fewer than half the SMs, splits = SMs / tiles, so that no CTA waits for a second
+//   wave, each split at least kSplitMinSteps K steps of 128 bytes (the pipeline's start is paid
+//   once per CTA), at most kMaxSplits. Qwen3-30B-A3B at T = 1: GEMM1 48 tiles, GEMM2 64, both
+//   split in 2 on 132 SMs; DeepSeek-V3's 128 and 224 tiles are not split.
+constexpr int kSplitMinSteps = 3;
+constexpr int kMaxSplits = 8;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -147,8 +154,29 @@ detail::WgmmaTile wgmma_tile_of(const GemmChoice& choice, bool gated, bool e4m3)
 static_assert(detail::Prefill64::kCols == detail::Prefill128::kCols &&
               detail::Prefill64::kCols == detail::Prefill128Block::kCols);
 
+// Params' split K fields, checked against the choice.
+void fill_split(const Shape& s, const GemmChoice& choice, const SplitK& split, detail::Params& p) {
+  const int splits = s.gated ? choice.gemm1_splits : choice.gemm2_splits;
+  const std::string who = std::string(s.who) + ".choice: " + choice.str();
+  if (splits < 1 || splits > kMaxSplits) {
+    bad(who + " splits K in " + std::to_string(splits) + ", not 1 to " +
+        std::to_string(kMaxSplits));
+  }
+  if (splits > 1 && !(choice.kernel == GemmKernel::wgmma && choice.token_tile < 64)) {
+    bad(who + " splits K, which only the wgmma decode tiles (8 or 16 rows) do");
+  }
+  if (splits > 1 && (split.partials == nullptr || split.counters == nullptr)) {
+    bad(std::string(s.who) + ".split: K split in " + std::to_string(splits) +
+        " needs partials and counters (split_k_size)");
+  }
+  p.splits = splits;
+  p.split_partials = split.partials;
+  p.split_counters = split.counters;
+}
+
 void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
-            const GemmChoice& choice, cudaStream_t stream) {
+            const GemmChoice& choice, const SplitK& split, cudaStream_t stream) {
+  fill_split(s, choice, split, p);
   const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
   p.slices = choice.kernel == GemmKernel::decode ? slices : 1;
   const int bytes = s.elem == Elem::e4m3 ? 1 : 2;
@@ -182,12 +210,12 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
       bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
           " CTAs, more than one launch takes");
     }
-    const auto grid = static_cast<unsigned>(items);
+    const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.splits));
     const auto run = [&]<Elem kElem>() {
       if (hopper) {
         detail::launch_wgmma<kElem>(p, v, wgmma_tile, rows, grid, stream);
       } else {
-        detail::launch_prefill<kElem>(p, v, choice.token_tile, grid, stream);
+        detail::launch_prefill<kElem>(p, v, choice.token_tile, grid.x, stream);
       }
     };
     switch (s.elem) {
@@ -262,6 +290,10 @@ std::string GemmChoice::str() const {
     if (gemm1_cols != 0 || gemm2_cols != 0) {
       text += " (cols " + cols(gemm1_cols) + "," + cols(gemm2_cols) + ")";
     }
+    if (gemm1_splits != 1 || gemm2_splits != 1) {
+      text +=
+          " (split K " + std::to_string(gemm1_splits) + "," + std::to_string(gemm2_splits) + ")";
+    }
     return text;
   }
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
@@ -287,7 +319,20 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
   const int gemm1_cols = narrow(2 * int64_t{problem.intermediate});
   if (problem.compute_capability == 90 && aligned) {
     if (!fp8 && per_expert >= kWgmma128MinRows) return {GemmKernel::wgmma, 128, 1, 1};
-    if (per_expert <= kWgmmaDecodeMaxRows) return {GemmKernel::wgmma, kWgmmaDecodeTile, 1, 1};
+    if (per_expert <= kWgmmaDecodeMaxRows) {
+      // A hit expert's rows fit one tile; its tiles are its CTAs of 256 weight rows.
+      const auto splits = [&](int64_t weight_rows, int64_t k) {
+        const int64_t tiles = hit * ceil_div(weight_rows, 256);
+        const int64_t steps = ceil_div(k * (fp8 ? 1 : 2), detail::kStepBytes);
+        if (2 * tiles > sms) return 1;
+        const int64_t most = std::clamp<int64_t>(steps / kSplitMinSteps, 1, kMaxSplits);
+        return static_cast<int>(std::min(sms / tiles, most));
+      };
+      return {.kernel = GemmKernel::wgmma,
+              .token_tile = kWgmmaDecodeTile,
+              .gemm1_splits = splits(2 * int64_t{problem.intermediate}, problem.hidden),
+              .gemm2_splits = splits(problem.hidden, problem.intermediate)};
+    }
     return {.kernel = GemmKernel::wgmma,
             .token_tile = 64,
             .gemm1_cols = gemm1_cols,
@@ -342,7 +387,7 @@ void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
     p.q_scales = q.scales;
     p.q_static = q.static_scale;
   }
-  launch(s, p, per_block, args.rows, args.choice, stream);
+  launch(s, p, per_block, args.rows, args.choice, args.split, stream);
 }
 
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale) {
@@ -368,7 +413,19 @@ void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {
   p.parts = 1;
   p.out_f32 = true;
   const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
-  launch(s, p, per_block, args.rows, args.choice, stream);
+  launch(s, p, per_block, args.rows, args.choice, args.split, stream);
+}
+
+SplitKSize split_k_size(const GemmChoice& choice, bool gemm1, int64_t rows, int num_experts,
+                        int n) {
+  const int splits = gemm1 ? choice.gemm1_splits : choice.gemm2_splits;
+  if (splits <= 1 || rows <= 0) return {};
+  // The launch's grid: the bound on the row tiles times the column tiles (launch above).
+  const detail::WgmmaTile tile = wgmma_tile_of(choice, gemm1, false);
+  const int64_t items = detail::max_tiles(rows, num_experts, choice.token_tile) *
+                        ceil_div(n, gemm1 ? tile.cols / 2 : tile.cols);
+  // A CTA's accumulators: its weight rows by its token rows.
+  return {.partials = items * splits * tile.cols * tile.rows, .counters = items};
 }
 
 namespace {

@@ -50,6 +50,10 @@ struct GemmChoice {
   // CTAs, two to an SM); 0 is the widest the token tile has (256, or 128 for e4m3's 128 rows).
   int gemm1_cols = 0;
   int gemm2_cols = 0;
+  // wgmma decode tiles: CTAs sharing each tile's K steps in GEMM1 and GEMM2 (1: K not split;
+  // SplitK below).
+  int gemm1_splits = 1;
+  int gemm2_splits = 1;
   std::string str() const;
 };
 
@@ -75,9 +79,29 @@ struct GemmProblem {
 // - compute capability 9.0: wgmma for every aligned shape: the decode tiles of 8 rows (weights
 //   on wgmma's M side) up to 2 rows per hit expert, 16-bit tiles of 128 rows from about 96,
 //   else tiles of 64.
+// - the decode tiles split K where a batch's tiles would leave SMs idle (a decode step of a
+//   layer whose experts have few weight rows: Qwen3-30B-A3B at T = 1), into as many CTAs per
+//   tile as keep every CTA on an SM of its own, each with a few K steps at least.
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
+
+// Split K's memory (GemmChoice::gemm1_splits or gemm2_splits above 1): each CTA leaves its f32
+// partial sums in `partials`, and the last of a tile's CTAs to count itself in on the tile's
+// counter adds them all, in split order (the same bits whichever CTA comes last), and runs the
+// epilogue. The counters must be zero before the first launch; every launch leaves them zero, so
+// they are allocated once and zeroed once. One pair per GEMM: GEMM2 is launched while GEMM1 runs.
+struct SplitK {
+  float* partials = nullptr;     // SplitKSize::partials floats
+  uint32_t* counters = nullptr;  // SplitKSize::counters
+};
+struct SplitKSize {
+  int64_t partials = 0;
+  int64_t counters = 0;
+};
+// What GEMM1 (gemm1) or GEMM2 needs under `choice` for up to `rows` grouped rows over
+// `num_experts` experts with n output columns (GEMM1: I, GEMM2: H); zeros where K is not split.
+SplitKSize split_k_size(const GemmChoice& choice, bool gemm1, int64_t rows, int num_experts, int n);
 
 // fp8 scales. Weights: the grid docs/QUANTIZATION.md defines, [E, parts * ceil(N / block_rows),
 // ceil(K / block_cols)] with 0 standing for the whole dimension: fp8-block 128 x 128, fp8-tensor
@@ -121,6 +145,7 @@ struct Gemm1Args {
   void* act = nullptr;       // [rows, I]: dtype for bf16/f16, f32 for f8e4m3
   Gemm1Quantized quantized;  // f8e4m3 where gemm1_quantizes(choice, ...): act is not written
   GemmChoice choice;
+  SplitK split;  // where choice.gemm1_splits > 1
 };
 
 struct Gemm2Args {
@@ -136,6 +161,7 @@ struct Gemm2Args {
   const float* route_weight = nullptr;  // [rows]; nullptr: 1
   float* out = nullptr;                 // [rows, H]
   GemmChoice choice;
+  SplitK split;  // where choice.gemm2_splits > 1
 };
 
 // act[r] = activation(gate_r . x_r, up_r . x_r) for every grouped row r.

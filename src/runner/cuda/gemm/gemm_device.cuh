@@ -67,6 +67,11 @@ struct Params {
   uint8_t* q_out;
   float* q_scales;
   const float* q_static;
+  // Split K (the wgmma decode tiles, SplitK in expert_gemm.hpp): `splits` CTAs per tile
+  // (blockIdx.y), each over its share of the K steps; 1 where K is not split.
+  int splits;
+  float* split_partials;
+  uint32_t* split_counters;
 };
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -101,15 +101,16 @@ bool wgmma_builds(bool e4m3, WgmmaTile tile);
 inline constexpr bool wgmma_quantizes(WgmmaTile tile) {
   return tile.cols == 256 && (tile.rows == 64 || tile.rows == 8 || tile.rows == 16);
 }
+// The grid: x the tiles, y the splits of K (decode tiles; 1 for the others).
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, dim3 grid,
                   cudaStream_t stream);
 extern template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, WgmmaTile, int64_t,
-                                              unsigned, cudaStream_t);
+                                              dim3, cudaStream_t);
 extern template void launch_wgmma<Elem::f16>(const Params&, const Variant&, WgmmaTile, int64_t,
-                                             unsigned, cudaStream_t);
+                                             dim3, cudaStream_t);
 extern template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, WgmmaTile, int64_t,
-                                              unsigned, cudaStream_t);
+                                              dim3, cudaStream_t);
 
 extern template void launch_decode<Elem::bf16>(const Params&, const Variant&, dim3, cudaStream_t);
 extern template void launch_decode<Elem::f16>(const Params&, const Variant&, dim3, cudaStream_t);

@@ -76,7 +76,7 @@ template <class S>
 inline constexpr bool kDecodeShape = S::kRows < 64;
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
-void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t stream) {
+void launch_shape(const Params& p, int64_t rows, dim3 grid, cudaStream_t stream) {
   const auto kernel = [] {
     if constexpr (kDecodeShape<S>) {
       return wgmma_decode_kernel<S, kElem, kGated, kPerBlock>;
@@ -94,12 +94,11 @@ void launch_shape(const Params& p, int64_t rows, unsigned grid, cudaStream_t str
       .a_map = byte_matrix_map(p.a, rows, row_bytes, S::kRows, "GEMM input rows"),
       .w_map = byte_matrix_map(p.w, weight_rows, row_bytes, S::box_rows(kGated), "weights"),
       .p = p};
-  cuda_launch::launch(kernel, dim3(grid), S::kThreads, S::kSmemBytes, stream, args);
+  cuda_launch::launch(kernel, grid, S::kThreads, S::kSmemBytes, stream, args);
 }
 
 template <Elem kElem, bool kGated, bool kPerBlock>
-void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, unsigned grid,
-                    cudaStream_t stream) {
+void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, dim3 grid, cudaStream_t stream) {
   const bool narrow = tile.cols == 128;
   if (tile.rows == WgmmaDecode8::kTokens) {
     narrow ? launch_shape<WgmmaDecode8x128, kElem, kGated, kPerBlock>(p, rows, grid, stream)
@@ -129,7 +128,7 @@ bool wgmma_builds(bool e4m3, WgmmaTile tile) {
 }
 
 template <Elem kElem>
-void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, unsigned grid,
+void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t rows, dim3 grid,
                   cudaStream_t stream) {
   if constexpr (kElem == Elem::e4m3) {
     if (v.per_block) {
@@ -142,11 +141,11 @@ void launch_wgmma(const Params& p, const Variant& v, WgmmaTile tile, int64_t row
           : launch_variant<kElem, false, false>(p, tile, rows, grid, stream);
 }
 
-template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
+template void launch_wgmma<Elem::bf16>(const Params&, const Variant&, WgmmaTile, int64_t, dim3,
                                        cudaStream_t);
-template void launch_wgmma<Elem::f16>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
+template void launch_wgmma<Elem::f16>(const Params&, const Variant&, WgmmaTile, int64_t, dim3,
                                       cudaStream_t);
-template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, WgmmaTile, int64_t, unsigned,
+template void launch_wgmma<Elem::e4m3>(const Params&, const Variant&, WgmmaTile, int64_t, dim3,
                                        cudaStream_t);
 
 }  // namespace moekit::cuda_gemm::detail

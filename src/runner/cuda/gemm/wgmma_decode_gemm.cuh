@@ -14,6 +14,12 @@
 // accumulators are weight rows (warp * 16 + lane / 4, and 8 below) by tokens (2 * (lane % 4), +1,
 // and 8 on for n16). Tokens of the N box past the tile's end belong to the next expert or lie past
 // the buffer (zeros): their columns are multiplied and never stored.
+//
+// Split K (Params::splits > 1): a tile's K steps are shared by `splits` CTAs (blockIdx.y), for
+// batches whose tiles alone would leave most SMs idle (a decode step of a small layer: each SM
+// streams only so fast, so a GEMM on a third of them runs at a third of the bandwidth). Each CTA
+// leaves its f32 accumulators in split_partials; the last of the tile's CTAs to arrive on its
+// counter adds them all in split order and runs the epilogue (sum_splits).
 
 #include "runner/cuda/gemm/wgmma_gemm.cuh"
 
@@ -47,6 +53,50 @@ using WgmmaDecode16 = WgmmaDecodeShape<16, 256, 6, 1>;
 // experts too small to give every SM a CTA of 256 rows.
 using WgmmaDecode8x128 = WgmmaDecodeShape<8, 128, 6, 2>;
 using WgmmaDecode16x128 = WgmmaDecodeShape<16, 128, 6, 2>;
+
+// Split K's meeting of a tile's CTAs, by its kConsumers threads (the producer warp has left):
+// this CTA's accumulators go to its slot of split_partials (value j of thread t at j * kConsumers
+// + t, so each store and load of a warp is one line), then one thread counts the CTA in on the
+// tile's counter. The last to arrive replaces `acc` with the sum of every split's, always in
+// split order (so the bits are the same whichever CTA is last), and resets the counter for the
+// next launch; the others return false and leave.
+template <int kConsumers, int kAcc>
+__device__ __forceinline__ bool sum_splits(const Params& p, float (&acc)[2][kAcc], int tid) {
+  __shared__ int last;
+  constexpr int kValues = 2 * kAcc;
+  const int item = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
+  const auto slot = [&](int j) {
+    return p.split_partials + (static_cast<int64_t>(item) * p.splits + j) * kValues * kConsumers +
+           tid;
+  };
+  float* mine = slot(split);
+#pragma unroll
+  for (int v = 0; v < kValues; ++v) __stcg(mine + v * kConsumers, acc[v / kAcc][v % kAcc]);
+  // Each thread's stores before the count (the pattern of CUDA's threadFenceReduction sample).
+  __threadfence();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if (tid == 0) {
+    const bool is_last =
+        atomicAdd(p.split_counters + item, 1u) == static_cast<uint32_t>(p.splits - 1);
+    if (is_last) atomicExch(p.split_counters + item, 0u);
+    last = is_last;
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if (!last) return false;
+  __threadfence();
+  float sum[kValues];
+  for (int j = 0; j < p.splits; ++j) {
+    const float* part = slot(j);
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) {
+      const float x = j == split ? acc[v / kAcc][v % kAcc] : __ldcg(part + v * kConsumers);
+      sum[v] = j == 0 ? x : sum[v] + x;
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < kValues; ++v) acc[v / kAcc][v % kAcc] = sum[v];
+  return true;
+}
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
@@ -88,7 +138,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
                                            S::kRows, col_tiles, scratch);
   if (tile.expert < 0) return;
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
-  const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
+  const int all_steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
+  // This CTA's share of K (all of it unless K is split): steps [first_step, first_step + steps).
+  const int split = static_cast<int>(blockIdx.y);
+  const int first_step = all_steps * split / p.splits;
+  const int steps = all_steps * (split + 1) / p.splits - first_step;
   const int n0 = tile.col * kTileCols;
   const uint32_t a_smem = (smem_address(smem) + 1023u) & ~1023u;
   const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
@@ -112,9 +166,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
         }
         cp_async_mbarrier_arrive(bar);
       };
-      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, lane, copy_scales);
+      produce<S, kGated>(args, tile, n0, first_step, steps, a_smem, b_smem, full, empty, lane,
+                         copy_scales);
     } else if (lane == 0) {
-      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, lane,
+      produce<S, kGated>(args, tile, n0, first_step, steps, a_smem, b_smem, full, empty, lane,
                          [](int, int, uint32_t) {});
     }
     return;
@@ -205,6 +260,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   wgmma_wait<0>();
   fence_registers(acc[0]);
   fence_registers(acc[1]);
+  if (p.splits > 1 && !sum_splits<S::kConsumers>(p, acc, tid)) return;
 
   // Per-matrix or per-channel fp8 scales, applied once.
   const auto tensor_scale = [&](int part_index, int col, int64_t row) {

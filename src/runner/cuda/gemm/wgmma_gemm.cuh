@@ -91,17 +91,20 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
   if constexpr (kElem == Elem::e4m3 && kN == 8) wgmma_e4m3_n8(d, a, b, accumulate);
 }
 
-// The producer warp: every copy of a CTA's K loop into S's stages. Lane 0 issues the TMA copies
+// The producer warp: every copy of a CTA's K loop (`steps` K steps from `first_step`, which a
+// split K sets) into S's stages. Lane 0 issues the TMA copies
 // (the A box of S::kRows token rows, then the weight boxes: for GEMM1 a warpgroup's gate rows,
 // then its up rows of the same columns), each stage's completing on its `full` barrier, and
 // reuses a stage once the consumer warps have handed it back on `empty`. `also(step, stage,
 // bar)` runs on every lane that calls this, after that lane has seen the stage handed back and
 // after the kernel's inputs are ready: copies of its own into the stage (the decode kernel's
-// scales), which must arrive on `bar` as `full`'s count expects.
+// scales), which must arrive on `bar` as `full`'s count expects; `step` is the K step of the
+// whole row (first_step on), `stage` the ring's.
 template <class S, bool kGated, class Also>
-__device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile, int n0, int steps,
-                                        uint32_t a_smem, uint32_t b_smem, uint64_t* full,
-                                        uint64_t* empty, int lane, const Also& also) {
+__device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile, int n0,
+                                        int first_step, int steps, uint32_t a_smem, uint32_t b_smem,
+                                        uint64_t* full, uint64_t* empty, int lane,
+                                        const Also& also) {
   const Params& p = args.p;
   constexpr int kBoxRows = S::box_rows(kGated);
   constexpr int kHalf = S::kGroupCols / 2;
@@ -117,7 +120,7 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
         row = b % 2 == 0 ? col : p.n + col;
       }
       tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map,
-                  step * kStepBytes, expert_row0 + row, bar);
+                  (first_step + step) * kStepBytes, expert_row0 + row, bar);
     }
   };
   // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
@@ -138,10 +141,11 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
     const uint32_t bar = smem_address(&full[stage]);
     if (lane == 0) {
       mbarrier_expect_tx(bar, step < early ? S::kStageA : S::kStageBytes);
-      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, step * kStepBytes, tile.row0, bar);
+      tma_load_2d(a_smem + stage * S::kStageA, &args.a_map, (first_step + step) * kStepBytes,
+                  tile.row0, bar);
       if (step >= early) load_weights(step, bar);
     }
-    also(step, stage, bar);
+    also(first_step + step, stage, bar);
   }
 }
 
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   if (tid >= S::kConsumers) {
     // The producer: one thread issues every copy.
     if (tid == S::kConsumers) {
-      produce<S, kGated>(args, tile, n0, steps, a_smem, b_smem, full, empty, 0,
+      produce<S, kGated>(args, tile, n0, 0, steps, a_smem, b_smem, full, empty, 0,
                          [](int, int, uint32_t) {});
     }
     return;
