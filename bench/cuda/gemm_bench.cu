@@ -313,11 +313,13 @@ int main(int argc, char** argv) {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "capability");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), "capability");
   const int cc = major * 10 + minor;
-  const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768};
+  const Model dsv3{"DeepSeek-V3", 256, 8, 7168, 2048}, qwen{"Qwen3-30B-A3B", 128, 8, 2048, 768},
+      mixtral{"Mixtral-8x7B", 8, 2, 4096, 14336};
   std::vector<Result> results;
-  for (const Model& m : {dsv3, qwen}) {
-    const std::vector<int> ts = m.E == dsv3.E ? std::vector<int>{1, 8, 64, 4096, 16384}
-                                              : std::vector<int>{1, 8, 64, 512, 4096};
+  for (const Model& m : {dsv3, qwen, mixtral}) {
+    const std::vector<int> ts = m.E == dsv3.E   ? std::vector<int>{1, 8, 64, 4096, 16384}
+                                : m.E == qwen.E ? std::vector<int>{1, 8, 64, 512, 4096}
+                                                : std::vector<int>{1, 2, 64, 1024};
     for (DType dtype : {DType::bf16, DType::f8e4m3}) {
       const bool fp8 = dtype == DType::f8e4m3;
       const int eb = fp8 ? 1 : 2;
@@ -358,6 +360,8 @@ int main(int argc, char** argv) {
               .token_tile = 8,
               .gemm1_splits = 2,
               .gemm2_splits = 2},
+              GemmChoice{.kernel = GemmKernel::wgmma, .token_tile = 8, .gemm2_splits = 2},
+              GemmChoice{.kernel = GemmKernel::wgmma, .token_tile = 8, .gemm2_splits = 4},
               GemmChoice{.kernel = GemmKernel::wgmma,
               .token_tile = 8,
               .gemm1_splits = 3,

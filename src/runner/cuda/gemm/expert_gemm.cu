@@ -62,11 +62,13 @@ constexpr int kWgmmaNarrowMaxWeightRows = 2048;
 constexpr int64_t kWgmmaDecodeMaxRows = 2;
 constexpr int kWgmmaDecodeTile = 8;
 constexpr int kWgmmaNarrowCols = 128;
-// - split K on the decode tiles (one CTA of 256 weight rows to an SM): where the batch's tiles
-//   number fewer than half the SMs, splits = SMs / tiles, so that no CTA waits for a second
-//   wave, each split at least kSplitMinSteps K steps of 128 bytes (the pipeline's start is paid
-//   once per CTA), at most kMaxSplits. Qwen3-30B-A3B at T = 1: GEMM1 48 tiles, GEMM2 64, both
-//   split in 2 on 132 SMs; DeepSeek-V3's 128 and 224 tiles are not split.
+// - split K on the decode tiles (one CTA of 256 weight rows to an SM), where a batch's tiles
+//   number at most half the SMs and each streams many bytes: splits = SMs / tiles (no CTA waits
+//   for a second wave), each split at least kSplitMinBytes of weights and kSplitMinSteps K steps,
+//   at most kMaxSplits. Measured (bench/cuda/NOTES.md v9): at Qwen3-30B-A3B T = 1 (48 and 64
+//   tiles of 0.4-1 MB) splitting loses (both GEMMs bf16 31.3 against 29.1 us, e4m3 22.5
+//   against 22.1): a CTA's fixed costs, not the SMs left idle, hold those GEMMs.
+constexpr int64_t kSplitMinBytes = int64_t{1} << 20;
 constexpr int kSplitMinSteps = 3;
 constexpr int kMaxSplits = 8;
 
@@ -323,9 +325,11 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       // A hit expert's rows fit one tile; its tiles are its CTAs of 256 weight rows.
       const auto splits = [&](int64_t weight_rows, int64_t k) {
         const int64_t tiles = hit * ceil_div(weight_rows, 256);
-        const int64_t steps = ceil_div(k * (fp8 ? 1 : 2), detail::kStepBytes);
+        const int64_t row_bytes = k * (fp8 ? 1 : 2);
+        const int64_t steps = ceil_div(row_bytes, detail::kStepBytes);
         if (2 * tiles > sms) return 1;
-        const int64_t most = std::clamp<int64_t>(steps / kSplitMinSteps, 1, kMaxSplits);
+        const int64_t most = std::clamp<int64_t>(
+            std::min(steps / kSplitMinSteps, 256 * row_bytes / kSplitMinBytes), 1, kMaxSplits);
         return static_cast<int>(std::min(sms / tiles, most));
       };
       return {.kernel = GemmKernel::wgmma,
