@@ -123,11 +123,11 @@ TEST(CudaGemmChoice, DecodeTilesSplitKWhereFewTilesEachStreamManyBytes) {
            // 128 and 224 tiles: not split.
            Case{"DeepSeek-V3 T = 1", DType::bf16, 8, 256, 7168, 2048, 1, 1},
            // Its shared expert alone: GEMM1 16 tiles of 3.7 MB (bf16) or 1.8 MB (e4m3).
-           Case{"DeepSeek-V3's shared expert T = 1", DType::bf16, 1, 1, 7168, 2048, 3, 1},
-           Case{"DeepSeek-V3's shared expert T = 1", DType::f8e4m3, 1, 1, 7168, 2048, 1, 1},
+           Case{"DeepSeek-V3's shared expert T = 1", DType::bf16, 1, 1, 7168, 2048, 4, 1},
+           Case{"DeepSeek-V3's shared expert T = 1", DType::f8e4m3, 1, 1, 7168, 2048, 2, 1},
            // Mixtral-8x7B T = 1: GEMM1 224 tiles, GEMM2 32 tiles of 7.3 MB (bf16), 3.7 (e4m3).
            Case{"Mixtral-8x7B T = 1", DType::bf16, 2, 8, 4096, 14336, 1, 4},
-           Case{"Mixtral-8x7B T = 1", DType::f8e4m3, 2, 8, 4096, 14336, 1, 3},
+           Case{"Mixtral-8x7B T = 1", DType::f8e4m3, 2, 8, 4096, 14336, 1, 4},
            // Two tokens on different experts double the tiles: 64 of 132 SMs, still split.
            Case{"Mixtral-8x7B T = 2", DType::bf16, 4, 8, 4096, 14336, 1, 2},
        }) {

@@ -65,10 +65,12 @@ constexpr int kWgmmaNarrowCols = 128;
 // - split K on the decode tiles (one CTA of 256 weight rows to an SM), where a batch's tiles
 //   number at most half the SMs and each streams many bytes: splits = SMs / tiles (no CTA waits
 //   for a second wave), each split at least kSplitMinBytes of weights and kSplitMinSteps K steps,
-//   at most kMaxSplits. Measured (bench/cuda/NOTES.md v9): at Qwen3-30B-A3B T = 1 (48 and 64
-//   tiles of 0.4-1 MB) splitting loses (both GEMMs bf16 31.3 against 29.1 us, e4m3 22.5
-//   against 22.1): a CTA's fixed costs, not the SMs left idle, hold those GEMMs.
-constexpr int64_t kSplitMinBytes = int64_t{1} << 20;
+//   at most kMaxSplits (bench/cuda/NOTES.md v9, both GEMMs, us). Mixtral-8x7B T = 1, GEMM2's 32
+//   tiles of 7.3 MB (bf16) or 3.7 MB (e4m3) in 4: bf16 178.1 against 197.4, e4m3 99.3 against
+//   125.9 (3 splits 107.5). Qwen3-30B-A3B T = 1, 48 and 64 tiles of at most 1 MB, loses split in
+//   2 (bf16 31.3 against 29.1, e4m3 22.5 against 22.1): there a CTA's fixed costs, not the idle
+//   SMs, hold the GEMMs.
+constexpr int64_t kSplitMinBytes = int64_t{768} << 10;
 constexpr int kSplitMinSteps = 3;
 constexpr int kMaxSplits = 8;
 
