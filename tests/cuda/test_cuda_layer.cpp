@@ -51,6 +51,15 @@ ModelSpec one_block_dsv3() {
   return spec;
 }
 
+// Few experts of many weight rows (Mixtral's shape, scaled down): at T = 1 GEMM2's 8 tiles of
+// 1.5-3 MB split K (choose_gemm), so the core's split partials and counters are in the path.
+ModelSpec wide_mixtral() {
+  ModelSpec spec = ModelSpec::preset("mixtral");
+  spec.hidden = 1024;
+  spec.intermediate = 6144;
+  return spec;
+}
+
 std::vector<CudaLayerCase> cases() {
   const std::pair<std::string, QuantParams> formats[] = {
       {"bf16", WeightFormat::bf16},
@@ -75,6 +84,8 @@ std::vector<CudaLayerCase> cases() {
       out.push_back({fname + "_dsv3_" + std::string(block_form_name(form)), small_dsv3(), format,
                      form, DType::bf16, 64});
     }
+    out.push_back({fname + "_wide_mixtral_split_k_T1", wide_mixtral(), format, BlockForm::standard,
+                   DType::bf16, 1});
     out.push_back(
         {fname + "_dsv3_f32_hidden", small_dsv3(), format, BlockForm::standard, DType::f32, 5});
     out.push_back(
