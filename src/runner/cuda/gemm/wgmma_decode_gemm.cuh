@@ -192,7 +192,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.0f;
   }
+  // A warp's lane 0 hands the stage back for all its lanes: __syncwarp orders every lane's reads
+  // of the stage's scales before that arrival (the producer's cp.async rewrites them after it).
   const auto release = [&](int stage) {
+    __syncwarp();
     if (lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
   };
   // Waits for K step `step`'s stage and multiplies both slabs by the tokens into `sum`.
