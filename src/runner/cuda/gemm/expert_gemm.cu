@@ -324,14 +324,15 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
   if (problem.compute_capability == 90 && aligned) {
     if (!fp8 && per_expert >= kWgmma128MinRows) return {GemmKernel::wgmma, 128, 1, 1};
     if (per_expert <= kWgmmaDecodeMaxRows) {
-      // A hit expert's rows fit one tile; its tiles are its CTAs of 256 weight rows.
+      // A hit expert's rows fit one tile; its tiles are its CTAs of the tile's widest.
+      constexpr int64_t kCtaRows = detail::wgmma_widest_cols(false, kWgmmaDecodeTile);
       const auto splits = [&](int64_t weight_rows, int64_t k) {
-        const int64_t tiles = hit * ceil_div(weight_rows, 256);
+        const int64_t tiles = hit * ceil_div(weight_rows, kCtaRows);
         const int64_t row_bytes = k * (fp8 ? 1 : 2);
         const int64_t steps = ceil_div(row_bytes, detail::kStepBytes);
         if (2 * tiles > sms) return 1;
         const int64_t most = std::clamp<int64_t>(
-            std::min(steps / kSplitMinSteps, 256 * row_bytes / kSplitMinBytes), 1, kMaxSplits);
+            std::min(steps / kSplitMinSteps, kCtaRows * row_bytes / kSplitMinBytes), 1, kMaxSplits);
         return static_cast<int>(std::min(sms / tiles, most));
       };
       return {.kernel = GemmKernel::wgmma,

@@ -79,9 +79,10 @@ struct GemmProblem {
 // - compute capability 9.0: wgmma for every aligned shape: the decode tiles of 8 rows (weights
 //   on wgmma's M side) up to 2 rows per hit expert, 16-bit tiles of 128 rows from about 96,
 //   else tiles of 64.
-// - the decode tiles split K where a batch's tiles would leave SMs idle (a decode step of a
-//   layer whose experts have few weight rows: Qwen3-30B-A3B at T = 1), into as many CTAs per
-//   tile as keep every CTA on an SM of its own, each with a few K steps at least.
+// - the decode tiles split K where a batch's few tiles each stream many bytes (Mixtral-8x7B at
+//   T = 1: GEMM2's 32 tiles of 7.3 MB), into as many CTAs per tile as keep every CTA on an SM of
+//   its own, each with at least 768 KB of weights; not where the tiles are small (Qwen3-30B-A3B
+//   at T = 1 measured slower split).
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);

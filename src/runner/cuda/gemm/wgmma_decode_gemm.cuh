@@ -16,8 +16,8 @@
 // the buffer (zeros): their columns are multiplied and never stored.
 //
 // Split K (Params::splits > 1): a tile's K steps are shared by `splits` CTAs (blockIdx.y), for
-// batches whose tiles alone would leave most SMs idle (a decode step of a small layer: each SM
-// streams only so fast, so a GEMM on a third of them runs at a third of the bandwidth). Each CTA
+// batches of a few tiles that each stream megabytes (Mixtral-8x7B T = 1: GEMM2's 32 tiles on 132
+// SMs, each SM streaming only so fast; choose_gemm says where). Each CTA
 // leaves its f32 accumulators in split_partials; the last of the tile's CTAs to arrive on its
 // counter adds them all in split order and runs the epilogue (sum_splits).
 
