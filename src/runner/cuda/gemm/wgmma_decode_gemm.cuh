@@ -123,7 +123,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     for (int s = 0; s < S::kStages; ++s) {
       // The TMA copies' arrival, and with the scales each producer lane's cp.async arrival.
       mbarrier_init(smem_address(&full[s]), kPerBlock ? 1 + 32 : 1);
-      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+      // fp8-block: every consumer thread hands the stage back itself (kPerBlock's note at
+      // `release`); otherwise one lane per warp.
+      mbarrier_init(smem_address(&empty[s]), kPerBlock ? S::kConsumers : S::kConsumers / 32);
     }
     fence_mbarrier_init();
   }
@@ -192,11 +194,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.0f;
   }
-  // A warp's lane 0 hands the stage back for all its lanes: __syncwarp orders every lane's reads
-  // of the stage's scales before that arrival (the producer's cp.async rewrites them after it).
+  // Hands a stage back to the producer. With fp8-block scales each thread arrives for its own
+  // reads of the stage's scales, which the producer's cp.async rewrites once the stage is empty:
+  // a lane's reads ordered before lane 0's arrival by __syncwarp alone were reported by
+  // compute-sanitizer racecheck as hazards once the ring wrapped. The boxes are read by wgmma,
+  // which wgmma_wait has retired, so one lane per warp arrives for them.
   const auto release = [&](int stage) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
+    if (kPerBlock || lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
   };
   // Waits for K step `step`'s stage and multiplies both slabs by the tokens into `sum`.
   const auto issue = [&](int step, float(&sum)[2][kAcc]) {
