@@ -203,7 +203,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .route_weight = route,
                   .out = out,
                   .choice = choice,
-                  .split = {.partials = partials2, .counters = counters + split1.counters}},
+                  .split = {.partials = partials2, .counters = counters + split1.counters},
+                  .combine = {}},
                  stream);
   };
   const auto capture = [&](cudaGraphExec_t& exec, auto&& body) {

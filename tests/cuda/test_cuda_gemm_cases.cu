@@ -450,7 +450,8 @@ CaseResult run_case(const GemmCase& c) {
                                      .route_weight = d_route->as<float>(),
                                      .out = out.as<float>(),
                                      .choice = choice,
-                                     .split = gemm2_split},
+                                     .split = gemm2_split,
+                                     .combine = {}},
                                     nullptr);
     check(cudaDeviceSynchronize(), c.name.c_str());
   };
