@@ -160,21 +160,28 @@ __global__ void route_kernel(RouteParams p) {
   float* groups = choice + n;
   // Lane l's sorted experts: keys[i * 32 + l] and ids[i * 32 + l], best first.
   unsigned* keys = reinterpret_cast<unsigned*>(groups + p.n_group);
-  uint16_t* ids = reinterpret_cast<uint16_t*>(keys + n);
+  // With the physical columns: each expert's physical id for this token's source rank, loaded
+  // with the logits (a load after the picks was one more memory round trip in the chain).
+  const bool physical = p.physical_ids != nullptr;
+  int32_t* physical_of = reinterpret_cast<int32_t*>(keys + n);
+  uint16_t* ids = reinterpret_cast<uint16_t*>(physical_of + (physical ? n : 0));
   unsigned char* group_kept = reinterpret_cast<unsigned char*>(ids + n);
 
   const int64_t row = t * n;
+  const int32_t* table = physical ? p.rank_table + t * p.ep_size / p.tokens * n : nullptr;
   float local_max = -INFINITY;
   // The lane's logits (and bias) are all loaded before any is used: one memory round trip per
   // kLoadBatch * 32 experts, where a load per iteration waited for each in turn (most of a
   // decode step's routing time, 10 us for DeepSeek-V3's 256 experts).
   for (int e0 = lane; e0 < n; e0 += 32 * kLoadBatch) {
     float x[kLoadBatch], b[kLoadBatch];
+    int32_t to[kLoadBatch];
     load_logits(p.logits, p.dtype, row, e0, n, x);
 #pragma unroll
     for (int i = 0; i < kLoadBatch; ++i) {
       const int e = e0 + 32 * i;
       b[i] = p.bias != nullptr && e < n ? __ldg(p.bias + e) : 0.0f;
+      to[i] = physical && e < n ? __ldg(table + e) : -1;
     }
 #pragma unroll
     for (int i = 0; i < kLoadBatch; ++i) {
@@ -183,6 +190,7 @@ __global__ void route_kernel(RouteParams p) {
       score[e] = score_of(p.scoring, x[i]);
       local_max = fmaxf(local_max, x[i]);
       if (p.bias != nullptr) choice[e] = b[i];
+      if (physical) physical_of[e] = to[i];
     }
   }
   if (p.scoring == Scoring::softmax) {
@@ -259,12 +267,10 @@ __global__ void route_kernel(RouteParams p) {
     p.ids[t * p.top_k + lane] = my_id;
     p.weights[t * p.top_k + lane] = scaled;
   }
-  if (p.physical_ids == nullptr) return;
+  if (!physical) return;
   // As to_physical_kernel computes them, from the same values.
   if (routed) {
-    const int64_t source_rank = t * p.ep_size / p.tokens;
-    p.physical_ids[t * p.columns + lane] =
-        my_id >= 0 && my_id < n ? p.rank_table[source_rank * n + my_id] : -1;
+    p.physical_ids[t * p.columns + lane] = my_id >= 0 && my_id < n ? physical_of[my_id] : -1;
     p.physical_weights[t * p.columns + lane] = scaled;
   }
   for (int c = p.top_k + lane; c < p.columns; c += 32) {
@@ -376,14 +382,16 @@ void route(const RouteArgs& args, cudaStream_t stream) {
   if (args.logits == nullptr || args.ids == nullptr || args.weights == nullptr) {
     cuda_errors::invalid_argument("route: logits, ids and weights must not be null");
   }
-  const int floats = n * (args.correction_bias ? 2 : 1) + spec.n_group;
-  const int warp_bytes = (floats * 4 + n * 6 + spec.n_group + 15) / 16 * 16;
+  const ToPhysicalArgs* physical = args.physical;
+  // Per warp: scores, choices (with a bias), group values, sort keys, physical ids (with the
+  // physical columns), sorted ids (16 bits), kept groups (bytes).
+  const int words = n * (args.correction_bias ? 2 : 1) + spec.n_group + n + (physical ? n : 0);
+  const int warp_bytes = (words * 4 + n * 2 + spec.n_group + 15) / 16 * 16;
   if (warp_bytes > kSharedLimit || n > 65536) {
     cuda_errors::invalid_argument("route: " + str(n) + " experts need more shared memory (" +
                                   str(warp_bytes) + " bytes per token) than the GPU " +
                                   "router uses (" + str(kSharedLimit) + ")");
   }
-  const ToPhysicalArgs* physical = args.physical;
   if (physical != nullptr) {
     check_physical(*physical);
     if (physical->logical_ids != args.ids || physical->logical_weights != args.weights ||

@@ -21,6 +21,7 @@ using cuda_common::kFullMask;
 
 constexpr int64_t kSmallEntries = 8192;  // sorted by one block
 constexpr int kTinyEntries = 32;         // sorted by one warp, in the gather's launch
+constexpr int kTinyTable = 2048;         // global -> local tables it copies to shared memory
 constexpr int kChunkEntries = 512;       // per warp in the chunked sort
 constexpr int kChunkWarps = 8;           // warps (chunks) per block
 constexpr int kSharedLimit = 48 * 1024;
@@ -40,10 +41,14 @@ struct SortParams {
   int32_t* entry_row;
 };
 
-__device__ int slot_of(const SortParams& p, int64_t entry) {
-  int id = p.ids[entry];
-  if (p.global_to_local) id = id >= 0 && id < p.n_global ? p.global_to_local[id] : -1;
+// An entry's id as a local slot, or -1; `table` is p.global_to_local or a copy of it.
+__device__ int local_slot(const SortParams& p, int id, const int32_t* table) {
+  if (p.global_to_local) id = id >= 0 && id < p.n_global ? table[id] : -1;
   return id >= 0 && id < p.n_slots ? id : -1;
+}
+
+__device__ int slot_of(const SortParams& p, int64_t entry) {
+  return local_slot(p, p.ids[entry], p.global_to_local);
 }
 
 __device__ int padded(const SortParams& p, int count) {
@@ -469,10 +474,20 @@ __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
   __shared__ int slot_of_entry[kTinyEntries];
   __shared__ int row_of_entry[kTinyEntries];
   __shared__ int rows_used;
+  // The global -> local table comes into shared memory while warp 0 loads the ids, so mapping an
+  // id is no second memory round trip after the first.
+  __shared__ int32_t table[kTinyTable];
+  const bool table_here = s.global_to_local != nullptr && s.n_global <= kTinyTable;
+  if (table_here) {
+    for (int g = threadIdx.x; g < s.n_global; g += blockDim.x) table[g] = s.global_to_local[g];
+  }
   const int entries = static_cast<int>(s.entries);
+  const int id = threadIdx.x < entries ? s.ids[threadIdx.x] : -1;
+  __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const int slot = lane < entries ? slot_of(s, lane) : -1;
+    const int slot =
+        lane < entries ? local_slot(s, id, table_here ? table : s.global_to_local) : -1;
     int row = 0, used = 0;
     for (int j = 0; j < entries; ++j) {
       const int other = __shfl_sync(kFullMask, slot, j);
