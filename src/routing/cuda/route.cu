@@ -187,11 +187,16 @@ __global__ void route_kernel(RouteParams p) {
     for (int i = 0; i < kLoadBatch; ++i) {
       const int e = e0 + 32 * i;
       if (e >= n) break;
-      score[e] = score_of(p.scoring, x[i]);
+      score[e] = x[i];
       local_max = fmaxf(local_max, x[i]);
       if (p.bias != nullptr) choice[e] = b[i];
       if (physical) physical_of[e] = to[i];
     }
+  }
+  // Scored apart from the unrolled loads: one copy of the scoring's code, not one per load (the
+  // kernel runs once per decode step, its code cold, so its size is fetch time).
+  if (p.scoring != Scoring::softmax) {
+    for (int e = lane; e < n; e += 32) score[e] = score_of(p.scoring, score[e]);
   }
   if (p.scoring == Scoring::softmax) {
     const float max = cuda_common::warp_max(local_max);
