@@ -258,12 +258,21 @@ void decide_block(Plan& plan) {
     case BlockForm::auto_:
       plan.form = BlockForm::standard;
       d.choice = "standard";
-      d.reason =
-          "auto: on the CPU the routed experts already use every thread, so a second "
-          "thread for the shared experts would only compete with them";
-      d.rejected = {{"overlapped", "no spare compute to overlap with on the CPU"},
-                    {"fused-slot",
-                     slots_fit ? "auto keeps the shared MLP separate on the CPU" : slot_reason}};
+      if (plan.options.device.kind == DeviceKind::cpu) {
+        d.reason =
+            "auto: on the CPU the routed experts already use every thread, so a second "
+            "thread for the shared experts would only compete with them";
+        d.rejected = {{"overlapped", "no spare compute to overlap with on the CPU"},
+                      {"fused-slot",
+                       slots_fit ? "auto keeps the shared MLP separate on the CPU" : slot_reason}};
+      } else {
+        d.reason =
+            "auto: the shared experts after the routed ones, on the layer's stream; the other "
+            "forms are taken when asked for by name";
+        d.rejected = {
+            {"overlapped", "not measured against standard on the GPU"},
+            {"fused-slot", slots_fit ? "not measured against standard on the GPU" : slot_reason}};
+      }
       break;
     case BlockForm::standard:
       plan.form = BlockForm::standard;
