@@ -432,12 +432,10 @@ void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {
           " is not f32, bf16 or f16");
     }
     if (c.row_source == nullptr || c.entry_row == nullptr || c.weights == nullptr ||
-        c.counters == nullptr) {
-      bad("gemm2.combine: row_source, entry_row, weights and counters must be given");
-    }
-    if (c.columns < 1 || c.columns > detail::kCombineMaxColumns) {
-      bad("gemm2.combine.columns: " + std::to_string(c.columns) + " is not 1 to " +
-          std::to_string(detail::kCombineMaxColumns));
+        c.counters == nullptr || c.columns < 1) {
+      bad("gemm2.combine: row_source, entry_row, weights and counters must be given, with "
+          "columns > 0 (columns " +
+          std::to_string(c.columns) + ")");
     }
     p.combine_output = c.output;
     p.combine_dtype = c.output_dtype;

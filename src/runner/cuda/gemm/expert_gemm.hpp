@@ -154,18 +154,17 @@ struct Gemm1Args {
 // (entries not here skipped), in f32, converted to output_dtype: what the runner's combine
 // computes, with the same operations in the same order, so the same bits. Each CTA stores its
 // rows, then counts them in on their tokens' counters (one per token and column tile); the last
-// CTA to arrive for a token (its `columns`-th row) sums that token's rows of its columns and
-// resets the counter. So every entry of every token must be here (a token missing one would get
-// no output row), and the counters must be zero before the first launch; every launch leaves
-// them zero.
+// CTA to arrive for a token sums that token's rows of its columns and resets the counter. So
+// every token must have at least one entry here (a token with none gets no output row), and the
+// counters must be zero before the first launch; every launch leaves them zero.
 struct Gemm2Combine {
   void* output = nullptr;  // [tokens, hidden]: f32, bf16 or f16; null: GEMM2 only stores rows
   DType output_dtype = DType::f32;
   const int32_t* row_source = nullptr;  // [rows]: each row's entry t * columns + j
   const int32_t* entry_row = nullptr;   // [tokens, columns]: each entry's row, -1 = not here
   const float* weights = nullptr;       // [tokens, columns]: the routing weights
-  int columns = 0;                      // entries per token, 1 to 64
-  uint32_t* counters = nullptr;         // gemm2_combine_counters(...) of them
+  int columns = 0;
+  uint32_t* counters = nullptr;  // gemm2_combine_counters(...) of them
 };
 // Whether GEMM2 with `choice` can sum its rows into token order (Gemm2Args::combine): the wgmma
 // decode tiles, whose CTA stores a few rows of one expert.

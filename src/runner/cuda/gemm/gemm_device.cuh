@@ -38,9 +38,6 @@ inline constexpr int kStepBytes = 128;
 // sm_80's e4m3 -> f16 conversion gives 2^-8 times the value (e4m3x2_as_f16x2).
 inline constexpr float kE4m3AsF16Product = 65536.0f;
 
-// Entries per token that GEMM2's own combine (Gemm2Combine) stages in shared memory.
-inline constexpr int kCombineMaxColumns = 64;
-
 struct Params {
   const uint8_t* a;  // GEMM input rows [rows, K]
   const uint8_t* w;  // [E, rows_per_expert, K]

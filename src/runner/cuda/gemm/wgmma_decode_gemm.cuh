@@ -101,67 +101,46 @@ __device__ __forceinline__ bool sum_splits(const Params& p, float (&acc)[2][kAcc
 
 // GEMM2's sum of its rows into token order (Gemm2Combine), by the kConsumers threads once this
 // CTA's rows of columns [n0, n0 + cols) are stored: each row counts itself in on its token's
-// counter for this column tile (every entry of a token is here, so a token has `columns` rows),
-// and for each token whose last row this CTA brought, the CTA adds that token's rows in column
-// order, read back from L2 (the other CTAs' rows among them), and writes its output. A token's
-// rows and weights are staged in shared memory first and each thread loads kCombineChunk of its
-// values before adding any, as the combine kernel does: a load after each add waited out an L2
-// round trip per row.
-inline constexpr int kCombineChunk = 8;
-
+// counter for this column tile, and for each token whose last row this CTA brought, the CTA
+// adds that token's rows, in column order, read back from L2 (the other CTAs' rows among
+// them), and writes its output.
 template <int kConsumers, int kTokens>
 __device__ __forceinline__ void combine_tokens(const Params& p, const Tile& tile, int n0, int cols,
                                                int tid) {
   __shared__ int finished[kTokens];
-  __shared__ int token_rows[kCombineMaxColumns];
-  __shared__ float token_weights[kCombineMaxColumns];
-  const auto consumers_meet = [] {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
-  };
   // Each thread's row stores before the counts (threadFenceReduction's pattern, as sum_splits).
   __threadfence();
-  consumers_meet();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
   if (tid < kTokens) {
     int token = -1;
     if (tid < tile.rows) {
       const int t = __ldg(p.row_source + tile.row0 + tid) / p.columns;
+      int here = 0;
+      for (int j = 0; j < p.columns; ++j) here += __ldg(p.entry_row + t * p.columns + j) >= 0;
       uint32_t* counter = p.combine_counters + t * ((p.n + cols - 1) / cols) + n0 / cols;
-      if (atomicAdd(counter, 1u) == static_cast<uint32_t>(p.columns - 1)) {
+      if (atomicAdd(counter, 1u) == static_cast<uint32_t>(here - 1)) {
         atomicExch(counter, 0u);
         token = t;
       }
     }
     finished[tid] = token;
   }
-  consumers_meet();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
   const float* rows = static_cast<const float*>(p.out);
   for (int r = 0; r < tile.rows; ++r) {
     const int t = finished[r];
     if (t < 0) continue;
     __threadfence();
-    if (tid < p.columns) {
-      token_rows[tid] = __ldg(p.entry_row + t * p.columns + tid);
-      token_weights[tid] = __ldg(p.entry_weight + t * p.columns + tid);
-    }
-    consumers_meet();
     for (int col = n0 + tid; col < min(n0 + cols, p.n); col += kConsumers) {
       float sum = 0.0f;
-      for (int j0 = 0; j0 < p.columns; j0 += kCombineChunk) {
-        float y[kCombineChunk];
-#pragma unroll
-        for (int c = 0; c < kCombineChunk; ++c) {
-          const int row = j0 + c < p.columns ? token_rows[j0 + c] : -1;
-          y[c] = row >= 0 ? __ldcg(rows + int64_t{row} * p.n + col) : 0.0f;
-        }
-#pragma unroll
-        for (int c = 0; c < kCombineChunk; ++c) {
-          if (j0 + c >= p.columns || token_rows[j0 + c] < 0) continue;
-          sum = cuda_common::add_weighted(sum, token_weights[j0 + c], y[c]);
-        }
+      for (int j = 0; j < p.columns; ++j) {
+        const int row = __ldg(p.entry_row + t * p.columns + j);
+        if (row < 0) continue;
+        sum = cuda_common::add_weighted(sum, __ldg(p.entry_weight + t * p.columns + j),
+                                        __ldcg(rows + int64_t{row} * p.n + col));
       }
       cuda_common::store_float(p.combine_output, p.combine_dtype, int64_t{t} * p.n + col, sum);
     }
-    consumers_meet();  // before the next token's rows replace these
   }
 }
 
