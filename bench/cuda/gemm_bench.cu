@@ -203,8 +203,7 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .route_weight = route,
                   .out = out,
                   .choice = choice,
-                  .split = {.partials = partials2, .counters = counters + split1.counters},
-                  .combine = {}},
+                  .split = {.partials = partials2, .counters = counters + split1.counters}},
                  stream);
   };
   const auto capture = [&](cudaGraphExec_t& exec, auto&& body) {

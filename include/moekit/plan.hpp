@@ -46,9 +46,6 @@ struct CudaGemmChoice {
   int gemm2_cols = 0;
   int gemm1_splits = 1;  // wgmma decode tiles: CTAs sharing a tile's K steps, GEMM1 and GEMM2
   int gemm2_splits = 1;
-  // GEMM2 sums its rows back into token order in its epilogue (no combine kernel): its tile can
-  // (the wgmma decode tiles) and every token's entries reach this rank's core.
-  bool combine_in_gemm2 = false;
 };
 struct CudaKernels {
   std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)

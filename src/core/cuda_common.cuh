@@ -43,12 +43,6 @@ __device__ inline void store_float(void* base, DType dtype, int64_t index, float
   }
 }
 
-// A routed row's term of its token's sum, as every combine adds it (the runner's combine kernel
-// and GEMM2's own, Gemm2Combine): one fused multiply-add, so either gives the same bits.
-__device__ inline float add_weighted(float sum, float weight, float value) {
-  return fmaf(weight, value, sum);
-}
-
 __device__ inline float warp_max(float value) {
   for (int offset = 16; offset > 0; offset /= 2) {
     value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));

@@ -247,29 +247,6 @@ TEST(CudaGemmArguments, AWgmmaTileThatIsNotBuiltIsRefused) {
   EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.choice");
 }
 
-TEST(CudaGemmArguments, ACombineByATileThatCannotSumIntoTokenOrderIsRefused) {
-  Gemm2Args a = gemm2_args();
-  a.choice = {GemmKernel::prefill, 64};
-  a.combine = {.output = reinterpret_cast<void*>(256),
-               .row_source = reinterpret_cast<const int32_t*>(256),
-               .entry_row = reinterpret_cast<const int32_t*>(256),
-               .weights = reinterpret_cast<const float*>(256),
-               .columns = 2,
-               .counters = reinterpret_cast<uint32_t*>(256)};
-  EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.combine");
-}
-
-TEST(CudaGemmArguments, ACombineWithoutItsCountersIsRefused) {
-  Gemm2Args a = gemm2_args();
-  a.choice = {.kernel = GemmKernel::wgmma, .token_tile = 8};
-  a.combine = {.output = reinterpret_cast<void*>(256),
-               .row_source = reinterpret_cast<const int32_t*>(256),
-               .entry_row = reinterpret_cast<const int32_t*>(256),
-               .weights = reinterpret_cast<const float*>(256),
-               .columns = 2};
-  EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.combine");
-}
-
 TEST(CudaGemmArguments, NoExpertsIsRefused) {
   Gemm1Args a = gemm1_args();
   a.num_experts = 0;

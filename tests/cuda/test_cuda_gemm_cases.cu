@@ -450,8 +450,7 @@ CaseResult run_case(const GemmCase& c) {
                                      .route_weight = d_route->as<float>(),
                                      .out = out.as<float>(),
                                      .choice = choice,
-                                     .split = gemm2_split,
-                                     .combine = {}},
+                                     .split = gemm2_split},
                                     nullptr);
     check(cudaDeviceSynchronize(), c.name.c_str());
   };

@@ -362,39 +362,6 @@ TEST(CudaResolve, PlansTheCudaCoreOnAnSm90GpuWithItsKernelsRecorded) {
   EXPECT_EQ(plan.cuda_kernels->routed.back().kernel, CudaGemmKernel::wgmma);
 }
 
-TEST(CudaResolve, Gemm2SumsTheRowsIntoTokenOrderOnTheDecodeTilesWhereEveryEntryIsHere) {
-  struct Case {
-    const char* name;
-    ExpertParallel ep;
-    FusedOps fused_ops;
-    bool decode_tiles_combine;
-  };
-  const Case cases[] = {
-      {"one rank", ExpertParallel::Single(), FusedOps::auto_, true},
-      {"fused ops off", ExpertParallel::Single(), FusedOps::off, false},
-      {"rank 0 of 2: a token may have no entry here", ExpertParallel::Rank(2, 0), FusedOps::auto_,
-       false},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    Options options;
-    options.runner = RunnerKind::cuda;
-    options.device = Device::cuda(0);
-    options.weights = QuantParams::Fp8Block(128);
-    options.max_tokens = 4096;
-    options.ep = c.ep;
-    options.fused_ops = c.fused_ops;
-    const Plan plan = resolve(ModelSpec::preset("dsv3"), options, with_gpu(9, 0));
-    ASSERT_TRUE(plan.cuda_kernels.has_value());
-    const CudaGemmChoice& decode = plan.cuda_kernels->routed.front();
-    ASSERT_EQ(decode.kernel, CudaGemmKernel::wgmma);
-    ASSERT_EQ(decode.token_tile, 8);
-    EXPECT_EQ(decode.combine_in_gemm2, c.decode_tiles_combine);
-    // The tiles of 64 rows and more leave the sum to the combine kernel.
-    EXPECT_FALSE(plan.cuda_kernels->routed.back().combine_in_gemm2);
-  }
-}
-
 TEST(CudaResolve, PlansDecodeThenPrefillOnAnSm80Gpu) {
   const Plan plan = fp8_dsv3_plan(RunnerKind::cuda, with_gpu(8, 0));
   ASSERT_TRUE(plan.cuda_kernels.has_value());

@@ -5,14 +5,11 @@
 //   -> gather the rows grouped by slot, converted to the weights' dtype or quantised to e4m3
 //      (the two in one launch for a decode step's few entries)
 //   -> GEMM1 + activation -> (fp8: re-quantise the activations) -> GEMM2
-//   -> combine: each token's rows times their routing weights, summed in column order (by
-//      GEMM2's epilogue where the plan says, CudaGemmChoice::combine_in_gemm2).
+//   -> combine: each token's rows times their routing weights, summed in column order.
 // No host synchronisation, no allocation, no float atomics: capturable in a CUDA graph, and the
 // same inputs give the same bits.
 
 #include <fmt/format.h>
-
-#include <algorithm>
 
 #include "core/cuda_device.hpp"
 #include "core/scratch.hpp"
@@ -54,12 +51,11 @@ class CudaCore final : public RunnerCore {
         static_(problem.quant.activation == ActivationQuant::fp8_static),
         max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)),
         split_(split_k_needs()),
-        combine_counters_(combine_counters_needed()),
-        counters_(Buffer::allocate(
-            problem.device,
-            4 * (split_.gemm1.counters + split_.gemm2.counters + combine_counters_))) {
-    if (counters_.bytes() > 0)
-      cuda_device::fill(problem.device, counters_.data(), 0, counters_.bytes());
+        split_counters_(
+            Buffer::allocate(problem.device, 4 * (split_.gemm1.counters + split_.gemm2.counters))) {
+    if (split_counters_.bytes() > 0) {
+      cuda_device::fill(problem.device, split_counters_.data(), 0, split_counters_.bytes());
+    }
   }
 
   RunnerFormat format() const override { return RunnerFormat::standard; }
@@ -129,10 +125,6 @@ class CudaCore final : public RunnerCore {
     const bool quantized_by_gemm1 =
         fp8_ && cuda_gemm::gemm1_quantizes(choice, activation_block_cols, static_);
     const float* gemm2_static_scale = static_ ? w.device_input_scales + 1 : nullptr;
-    // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
-    // to its dtype as the output stage would have converted it.
-    void* const output = in.output != nullptr ? in.output : in.sum;
-    const DType output_dtype = in.output != nullptr ? in.output_dtype : DType::f32;
     cuda_gemm::launch_gemm1(
         {.dtype = dtype_,
          .x = a.x,
@@ -151,7 +143,7 @@ class CudaCore final : public RunnerCore {
                                                       .static_scale = gemm2_static_scale}
                           : cuda_gemm::Gemm1Quantized{},
          .choice = choice,
-         .split = {.partials = a.gemm1_partials, .counters = counter(0)}},
+         .split = {.partials = a.gemm1_partials, .counters = split_counter(0)}},
         stream);
     if (fp8_ && !quantized_by_gemm1) {
       cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
@@ -178,19 +170,11 @@ class CudaCore final : public RunnerCore {
          .route_weight = nullptr,
          .out = a.out,
          .choice = choice,
-         .split = {.partials = a.gemm2_partials, .counters = counter(split_.gemm1.counters)},
-         .combine = c.combine_in_gemm2
-                        ? cuda_gemm::Gemm2Combine{.output = output,
-                                                  .output_dtype = output_dtype,
-                                                  .row_source = a.row_source,
-                                                  .entry_row = a.entry_row,
-                                                  .weights = in.weights,
-                                                  .columns = in.columns,
-                                                  .counters = counter(split_.gemm1.counters +
-                                                                      split_.gemm2.counters)}
-                        : cuda_gemm::Gemm2Combine{}},
+         .split = {.partials = a.gemm2_partials, .counters = split_counter(split_.gemm1.counters)}},
         stream);
-    if (c.combine_in_gemm2) return;
+    // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
+    // to its dtype as the output stage would have converted it.
+    const bool to_output = in.output != nullptr;
     runner::cuda::combine({.rows = a.out,
                            .rows_dtype = DType::f32,
                            .entry_row = a.entry_row,
@@ -199,8 +183,8 @@ class CudaCore final : public RunnerCore {
                            .tokens = in.tokens,
                            .columns = in.columns,
                            .hidden_size = H,
-                           .output = output,
-                           .output_dtype = output_dtype},
+                           .output = to_output ? in.output : in.sum,
+                           .output_dtype = to_output ? in.output_dtype : DType::f32},
                           stream);
   }
 
@@ -242,20 +226,9 @@ class CudaCore final : public RunnerCore {
     }
     return needs;
   }
-  // GEMM2's combine counters (Gemm2Combine) for the largest batch of a run that combines there.
-  int64_t combine_counters_needed() const {
-    int64_t most = 0;
-    for (const CudaGemmChoice& run : kernels_) {
-      if (!run.combine_in_gemm2) continue;
-      most = std::max(
-          most, cuda_gemm::gemm2_combine_counters(moekit::cuda::to_gemm(run), run.up_to_tokens,
-                                                  static_cast<int>(p_.hidden)));
-    }
-    return most;
+  uint32_t* split_counter(int64_t at) const {
+    return static_cast<uint32_t*>(split_counters_.data()) + at;
   }
-  // This core's counters (zeroed once, left zero by every launch): split K's of GEMM1, then of
-  // GEMM2, then GEMM2's combine's.
-  uint32_t* counter(int64_t at) const { return static_cast<uint32_t*>(counters_.data()) + at; }
   Arrays carve(ScratchCarver& carver) const {
     const int64_t H = p_.hidden, I = p_.intermediate, R = max_rows_;
     const DType act_dtype = fp8_ ? DType::f32 : dtype_;
@@ -281,8 +254,7 @@ class CudaCore final : public RunnerCore {
   bool static_;  // fp8 activations with the checkpoint's static scales
   int64_t max_rows_;
   SplitNeeds split_;
-  int64_t combine_counters_;
-  Buffer counters_;
+  Buffer split_counters_;
 };
 
 }  // namespace

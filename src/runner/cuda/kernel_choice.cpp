@@ -17,7 +17,7 @@ CudaGemmKernel from_gemm(cuda_gemm::GemmKernel kernel) {
   return CudaGemmKernel::decode;
 }
 
-CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to, bool every_entry_here) {
+CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
   return {.up_to_tokens = up_to,
           .kernel = from_gemm(c.kernel),
           .token_tile = c.token_tile,
@@ -26,24 +26,20 @@ CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to, bool eve
           .gemm1_cols = c.gemm1_cols,
           .gemm2_cols = c.gemm2_cols,
           .gemm1_splits = c.gemm1_splits,
-          .gemm2_splits = c.gemm2_splits,
-          .combine_in_gemm2 = every_entry_here && cuda_gemm::gemm2_combines(c)};
+          .gemm2_splits = c.gemm2_splits};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
   return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
          a.gemm2_slices == b.gemm2_slices && a.gemm1_cols == b.gemm1_cols &&
          a.gemm2_cols == b.gemm2_cols && a.gemm1_splits == b.gemm1_splits &&
-         a.gemm2_splits == b.gemm2_splits && a.combine_in_gemm2 == b.combine_in_gemm2;
+         a.gemm2_splits == b.gemm2_splits;
 }
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
-// intermediate I, each token bringing `columns` rows; every_entry_here: each of a token's
-// entries reaches this core (GEMM2 may then write the token sums itself, which leaves a token
-// with no entry here unwritten).
+// intermediate I, each token bringing `columns` rows.
 std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int64_t I,
-                                 int64_t max_tokens, int sm_count, int compute_capability,
-                                 bool every_entry_here) {
+                                 int64_t max_tokens, int sm_count, int compute_capability) {
   std::vector<CudaGemmChoice> out;
   cuda_gemm::GemmProblem problem{.dtype = plan.quant.weight_dtype,
                                  .rows = 0,
@@ -54,7 +50,7 @@ std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int
                                  .compute_capability = compute_capability};
   for (int64_t T = 1; T <= max_tokens; ++T) {
     problem.rows = T * columns;
-    const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T, every_entry_here);
+    const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T);
     if (!out.empty() && same(out.back(), c)) {
       out.back().up_to_tokens = T;
     } else {
@@ -80,7 +76,6 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
     if (c.gemm1_splits != 1 || c.gemm2_splits != 1) {
       text += fmt::format(" (K split in {}/{})", c.gemm1_splits, c.gemm2_splits);
     }
-    if (c.combine_in_gemm2) text += " (GEMM2 sums the rows into token order)";
     from = c.up_to_tokens + 1;
   }
   return text;
@@ -99,16 +94,12 @@ CudaKernels choose_cuda_kernels(const Plan& plan) {
     }
   }
   const ModelSpec& spec = plan.spec;
-  // GEMM2's own combine is a fused op: off with the others. The routed entries all reach one
-  // rank's core where it holds every expert; each shared expert takes every token.
-  const bool fuse = plan.options.fused_ops != FusedOps::off;
   k.routed =
       runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
-           spec.intermediate, plan.max_received_tokens, k.sm_count, compute_capability,
-           fuse && plan.options.ep.size == 1);
+           spec.intermediate, plan.max_received_tokens, k.sm_count, compute_capability);
   if (plan.adds_shared_output) {
     k.shared = runs(plan, spec.n_shared, spec.n_shared, spec.shared_intermediate,
-                    plan.options.max_tokens, k.sm_count, compute_capability, fuse);
+                    plan.options.max_tokens, k.sm_count, compute_capability);
   }
   return k;
 }

@@ -598,7 +598,7 @@ __global__ void combine_kernel(CombineParams p) {
       const float weight = token_weights[j0 + c];
 #pragma unroll
       for (int i = 0; i < kCombinePerThread; ++i) {
-        sum[i] = cuda_common::add_weighted(sum[i], weight, y[c][i]);  // 1 where GEMM2 weighted
+        sum[i] += weight * y[c][i];  // weight is 1 where GEMM2 applied it
       }
     }
   }

@@ -420,41 +420,7 @@ void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {
   p.parts = 1;
   p.out_f32 = true;
   const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
-  const Gemm2Combine& c = args.combine;
-  if (c.output != nullptr) {
-    if (!gemm2_combines(args.choice)) {
-      bad("gemm2.combine: " + args.choice.str() +
-          " does not sum its rows into token order (gemm2_combines); run the combine after it");
-    }
-    if (c.output_dtype != DType::f32 && c.output_dtype != DType::bf16 &&
-        c.output_dtype != DType::f16) {
-      bad("gemm2.combine.output_dtype: " + std::string(dtype_name(c.output_dtype)) +
-          " is not f32, bf16 or f16");
-    }
-    if (c.row_source == nullptr || c.entry_row == nullptr || c.weights == nullptr ||
-        c.counters == nullptr || c.columns < 1) {
-      bad("gemm2.combine: row_source, entry_row, weights and counters must be given, with "
-          "columns > 0 (columns " +
-          std::to_string(c.columns) + ")");
-    }
-    p.combine_output = c.output;
-    p.combine_dtype = c.output_dtype;
-    p.row_source = c.row_source;
-    p.entry_row = c.entry_row;
-    p.entry_weight = c.weights;
-    p.columns = c.columns;
-    p.combine_counters = c.counters;
-  }
   launch(s, p, per_block, args.rows, args.choice, args.split, stream);
-}
-
-bool gemm2_combines(const GemmChoice& choice) {
-  return choice.kernel == GemmKernel::wgmma && choice.token_tile < 64;
-}
-
-int64_t gemm2_combine_counters(const GemmChoice& choice, int64_t tokens, int hidden) {
-  if (!gemm2_combines(choice) || tokens <= 0) return 0;
-  return tokens * ceil_div(hidden, wgmma_tile_of(choice, false, false).cols);
 }
 
 SplitKSize split_k_size(const GemmChoice& choice, bool gemm1, int64_t rows, int num_experts,

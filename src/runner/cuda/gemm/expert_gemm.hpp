@@ -149,29 +149,6 @@ struct Gemm1Args {
   SplitK split;  // where choice.gemm1_splits > 1
 };
 
-// GEMM2 summing its rows back into token order in its own epilogue, where gemm2_combines says
-// its kernel can: out[t] = sum over j in column order of weights[t, j] * rows[entry_row[t, j]]
-// (entries not here skipped), in f32, converted to output_dtype: what the runner's combine
-// computes, with the same operations in the same order, so the same bits. Each CTA stores its
-// rows, then counts them in on their tokens' counters (one per token and column tile); the last
-// CTA to arrive for a token sums that token's rows of its columns and resets the counter. So
-// every token must have at least one entry here (a token with none gets no output row), and the
-// counters must be zero before the first launch; every launch leaves them zero.
-struct Gemm2Combine {
-  void* output = nullptr;  // [tokens, hidden]: f32, bf16 or f16; null: GEMM2 only stores rows
-  DType output_dtype = DType::f32;
-  const int32_t* row_source = nullptr;  // [rows]: each row's entry t * columns + j
-  const int32_t* entry_row = nullptr;   // [tokens, columns]: each entry's row, -1 = not here
-  const float* weights = nullptr;       // [tokens, columns]: the routing weights
-  int columns = 0;
-  uint32_t* counters = nullptr;  // gemm2_combine_counters(...) of them
-};
-// Whether GEMM2 with `choice` can sum its rows into token order (Gemm2Args::combine): the wgmma
-// decode tiles, whose CTA stores a few rows of one expert.
-bool gemm2_combines(const GemmChoice& choice);
-// Gemm2Combine::counters for batches of up to `tokens` tokens and `hidden` output columns.
-int64_t gemm2_combine_counters(const GemmChoice& choice, int64_t tokens, int hidden);
-
 struct Gemm2Args {
   DType dtype = DType::bf16;  // of act and w2
   const void* act = nullptr;
@@ -185,8 +162,7 @@ struct Gemm2Args {
   const float* route_weight = nullptr;  // [rows]; nullptr: 1
   float* out = nullptr;                 // [rows, H]
   GemmChoice choice;
-  SplitK split;          // where choice.gemm2_splits > 1
-  Gemm2Combine combine;  // where gemm2_combines(choice); output null: none
+  SplitK split;  // where choice.gemm2_splits > 1
 };
 
 // act[r] = activation(gate_r . x_r, up_r . x_r) for every grouped row r.

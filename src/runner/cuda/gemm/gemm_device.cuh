@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "moekit/dtype.hpp"
 #include "moekit/spec.hpp"
 
 #include "core/cuda_launch.cuh"
@@ -73,15 +72,6 @@ struct Params {
   int splits;
   float* split_partials;
   uint32_t* split_counters;
-  // GEMM2 of the wgmma decode tiles summing its rows into token order (Gemm2Combine in
-  // expert_gemm.hpp); combine_output null: it only stores `out`.
-  void* combine_output;
-  DType combine_dtype;
-  const int32_t* row_source;
-  const int32_t* entry_row;
-  const float* entry_weight;
-  int columns;
-  uint32_t* combine_counters;
 };
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -21,7 +21,6 @@
 // leaves its f32 accumulators in split_partials; the last of the tile's CTAs to arrive on its
 // counter adds them all in split order and runs the epilogue (sum_splits).
 
-#include "core/cuda_common.cuh"
 #include "runner/cuda/gemm/wgmma_gemm.cuh"
 
 namespace moekit::cuda_gemm::detail {
@@ -97,51 +96,6 @@ __device__ __forceinline__ bool sum_splits(const Params& p, float (&acc)[2][kAcc
 #pragma unroll
   for (int v = 0; v < kValues; ++v) acc[v / kAcc][v % kAcc] = sum[v];
   return true;
-}
-
-// GEMM2's sum of its rows into token order (Gemm2Combine), by the kConsumers threads once this
-// CTA's rows of columns [n0, n0 + cols) are stored: each row counts itself in on its token's
-// counter for this column tile, and for each token whose last row this CTA brought, the CTA
-// adds that token's rows, in column order, read back from L2 (the other CTAs' rows among
-// them), and writes its output.
-template <int kConsumers, int kTokens>
-__device__ __forceinline__ void combine_tokens(const Params& p, const Tile& tile, int n0, int cols,
-                                               int tid) {
-  __shared__ int finished[kTokens];
-  // Each thread's row stores before the counts (threadFenceReduction's pattern, as sum_splits).
-  __threadfence();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
-  if (tid < kTokens) {
-    int token = -1;
-    if (tid < tile.rows) {
-      const int t = __ldg(p.row_source + tile.row0 + tid) / p.columns;
-      int here = 0;
-      for (int j = 0; j < p.columns; ++j) here += __ldg(p.entry_row + t * p.columns + j) >= 0;
-      uint32_t* counter = p.combine_counters + t * ((p.n + cols - 1) / cols) + n0 / cols;
-      if (atomicAdd(counter, 1u) == static_cast<uint32_t>(here - 1)) {
-        atomicExch(counter, 0u);
-        token = t;
-      }
-    }
-    finished[tid] = token;
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
-  const float* rows = static_cast<const float*>(p.out);
-  for (int r = 0; r < tile.rows; ++r) {
-    const int t = finished[r];
-    if (t < 0) continue;
-    __threadfence();
-    for (int col = n0 + tid; col < min(n0 + cols, p.n); col += kConsumers) {
-      float sum = 0.0f;
-      for (int j = 0; j < p.columns; ++j) {
-        const int row = __ldg(p.entry_row + t * p.columns + j);
-        if (row < 0) continue;
-        sum = cuda_common::add_weighted(sum, __ldg(p.entry_weight + t * p.columns + j),
-                                        __ldcg(rows + int64_t{row} * p.n + col));
-      }
-      cuda_common::store_float(p.combine_output, p.combine_dtype, int64_t{t} * p.n + col, sum);
-    }
-  }
 }
 
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
@@ -337,7 +291,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
             weight * (acc[s][i] * tensor_scale(0, col, row));
       }
     }
-    if (p.combine_output != nullptr) combine_tokens<S::kConsumers, kT>(p, tile, n0, kTileCols, tid);
     return;
   } else {
     float v[kAcc];
