@@ -17,6 +17,7 @@
 #                        unpacked into a prefix that CMake searches first, for machines
 #                        without those headers
 #   MOEKIT_GPU_FILTER    gtest filter of the GPU tests (default: suites named Cuda*)
+#   MOEKIT_GPU_TEST_SECONDS  the GPU tests' time limit (default 600)
 #   MOEKIT_SANITIZE_GPU  0 skips compute-sanitizer (default 1)
 #   MOEKIT_SANITIZER_FILTER  the small cases compute-sanitizer runs
 #   MOEKIT_GPU_BENCH     0 skips the benchmark hook (default 1)
@@ -104,8 +105,11 @@ fi
 if [ "$run_tests" != 0 ]; then
   echo "== GPU tests"
   filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
-  "$tests" --gtest_filter="$filter" --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
+  # A kernel that never finishes fails the run instead of holding the machine.
+  timeout "${MOEKIT_GPU_TEST_SECONDS:-600}" "$tests" --gtest_filter="$filter" \
+    --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
   test_rc=$?
+  [ "$test_rc" -eq 124 ] && echo "GPU tests: over ${MOEKIT_GPU_TEST_SECONDS:-600} s (gpu_tests.log)"
   grep -E '^\[  (FAILED|SKIPPED) \] [^ ]+$' "$out/gpu_tests.log" | sort -u | head -n 40
   summary=$(python3 - "$out/gpu_tests.json" <<'PY'
 import json, sys
