@@ -324,14 +324,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     };
     // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
     // serialise the wgmma (C7514) and spill; the two warpgroups overlap each other's promotion.)
-    // Each step's scales are loaded two steps ahead: under the stream of rows and weights their
-    // round trip to L2 outlasts a step's wgmma, and the promotion waits for them.
     float part[kAcc];
-    StepScales next = scales_of(0), after = steps > 1 ? scales_of(1) : next;
     for (int step = 0; step < steps; ++step) {
-      const StepScales sc = next;
-      next = after;
-      if (step + 2 < steps) after = scales_of(step + 2);
+      const StepScales sc = scales_of(step);
       issue(step, part);
       wgmma_wait<0>();
       fence_registers(part);
