@@ -6,9 +6,8 @@
 // warm-ups, all enqueued before the first is waited for.
 // floor = max(bytes of the distinct experts' weights / 4.44 TB/s, FLOPs / tensor peak).
 //
-//   gemm_bench [--quick | --prefill] [--no-others] [--json FILE]
+//   gemm_bench [--quick] [--no-others] [--json FILE]
 //     --quick      T <= 64 only
-//     --prefill    T >= 512 only
 //     --no-others  only the heuristic's choice (not also the other kernels on each case, nor, for
 //                  fp8, the quantisation kernel in place of GEMM1's own quantisation)
 //     --json FILE  the results as JSON
@@ -294,14 +293,12 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, prefill = false, others = true;
+  bool quick = false, others = true;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       quick = true;
-    } else if (arg == "--prefill") {
-      prefill = true;
     } else if (arg == "--no-others") {
       others = false;
     } else if (arg == "--json" && i + 1 < argc) {
@@ -334,7 +331,7 @@ int main(int argc, char** argv) {
       float* w2_scales = device_floats(int64_t{m.E} * kb_h * kb_i, 1e-3f);
       check(cudaDeviceSynchronize(), "init");
       for (int T : ts) {
-        if ((quick && T > 64) || (prefill && T < 512)) continue;
+        if (quick && T > 64) continue;
         const GemmChoice chosen =
             choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count, cc});
         // As the runner does: GEMM1 quantises GEMM2's input itself where its kernel can.
@@ -354,13 +351,6 @@ int main(int argc, char** argv) {
               GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 128},
               GemmChoice{GemmKernel::wgmma, 64, 1, 1, 256, 128},
               GemmChoice{GemmKernel::wgmma, 64, 1, 1, 128, 256},
-              // e4m3's tiles of 64 in pairs sharing their weight boxes, wide and narrow.
-              GemmChoice{.kernel = GemmKernel::wgmma, .token_tile = 64, .paired = true},
-              GemmChoice{.kernel = GemmKernel::wgmma,
-              .token_tile = 64,
-              .gemm1_cols = 128,
-              .gemm2_cols = 128,
-              .paired = true},
               // The decode tiles (weights on wgmma's M side), wide and narrow.
               GemmChoice{GemmKernel::wgmma, 8, 1, 1}, GemmChoice{GemmKernel::wgmma, 16, 1, 1},
               GemmChoice{GemmKernel::wgmma, 8, 1, 1, 128, 128},
@@ -388,7 +378,6 @@ int main(int argc, char** argv) {
               .gemm2_splits = 2}}) {
           if (other.str() == chosen.str()) continue;
           if (other.kernel == GemmKernel::wgmma && cc != 90) continue;
-          if (other.paired && !fp8) continue;
           // Decode past a few dozen rows per expert is far behind and slow to run.
           if (other.kernel == GemmKernel::decode && int64_t{T} * m.k > 32 * m.E) continue;
           if (other.token_tile < 64 && int64_t{T} * m.k > 16 * m.E) continue;

@@ -52,36 +52,22 @@ inline bool overlapping_launches() {
   return state == 2;
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...) in clusters of `cluster` blocks along x (1:
-// no clusters; sm_90 and newer otherwise), overlapped where the GPU allows. A failed launch is
-// left for the caller's cudaGetLastError(), as with <<<>>>.
+// kernel<<<grid, block, shared, stream>>>(args...), overlapped where the GPU allows. A failed
+// launch is left for the caller's cudaGetLastError(), as with <<<>>>.
 template <typename... Params, typename... Args>
-void launch_in_clusters(unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                        size_t shared, cudaStream_t stream, Args&&... args) {
-  std::array<cudaLaunchAttribute, 2> attributes{};
-  unsigned count = 0;
-  if (overlapping_launches()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count++].val.clusterDim = {cluster, 1, 1};
-  }
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  config.attrs = attributes.data();
-  config.numAttrs = count;
+  config.attrs = &overlap;
+  config.numAttrs = overlapping_launches() ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
-            Args&&... args) {
-  launch_in_clusters(1, kernel, grid, block, shared, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace moekit::cuda_launch

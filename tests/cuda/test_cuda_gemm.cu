@@ -14,7 +14,6 @@ namespace {
 using moekit::cuda_gemm::choose_gemm;
 using moekit::cuda_gemm::Gemm1Args;
 using moekit::cuda_gemm::Gemm2Args;
-using moekit::cuda_gemm::GemmChoice;
 using moekit::cuda_gemm::GemmKernel;
 using moekit::cuda_gemm::launch_gemm1;
 using moekit::cuda_gemm::launch_gemm2;
@@ -167,23 +166,6 @@ TEST(CudaGemmChoice, HopperTilesOf64RowsTakeNarrowCtasWhereAnExpertHasFewWeightR
   EXPECT_EQ(on(DType::bf16, 32768, 128, 2048, 768).gemm1_cols, 0);
 }
 
-TEST(CudaGemmChoice, HopperPairsE4m3TilesFromTwoTilesPerHitExpert) {
-  const auto on = [](DType dtype, int64_t rows, int E, int H, int I) {
-    return choose_gemm({dtype, rows, E, H, I, 132, 90});
-  };
-  // DeepSeek-V3 T = 4096 and 16384 (128 and 512 rows per expert), Qwen3-30B-A3B T = 4096 (256).
-  EXPECT_TRUE(on(DType::f8e4m3, 32768, 256, 7168, 2048).paired);
-  EXPECT_TRUE(on(DType::f8e4m3, 131072, 256, 7168, 2048).paired);
-  EXPECT_TRUE(on(DType::f8e4m3, 32768, 128, 2048, 768).paired);
-  // One tile per expert (DeepSeek-V3 T = 512: 16 rows) has no partner to share with.
-  EXPECT_FALSE(on(DType::f8e4m3, 4096, 256, 7168, 2048).paired);
-  // 16-bit tiles are not paired.
-  EXPECT_FALSE(on(DType::bf16, 32768, 256, 7168, 2048).paired);
-  EXPECT_FALSE(on(DType::bf16, 32768, 128, 2048, 768).paired);
-  // Nor anything on other GPUs.
-  EXPECT_FALSE(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2048, 132, 80}).paired);
-}
-
 TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   // DeepSeek-V3 GEMM1 at T = 1: 128 column tiles x 9 row tiles bound 1152 CTAs, two waves of
   // 264 twice over; at T = 8 (64 rows) more than enough for 4.
@@ -263,18 +245,6 @@ TEST(CudaGemmArguments, AWgmmaTileThatIsNotBuiltIsRefused) {
   Gemm1Args a = gemm1_args();
   a.choice = {GemmKernel::wgmma, 128, 1, 1, 128, 128};  // 128 x 128 is e4m3's alone
   EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.choice");
-}
-
-TEST(CudaGemmArguments, PairsOutsideWgmmaE4m3TilesOf64RowsAreRefused) {
-  for (const GemmChoice& choice : {GemmChoice{.kernel = GemmKernel::wgmma, .token_tile = 8},
-                                   GemmChoice{.kernel = GemmKernel::wgmma, .token_tile = 64},
-                                   GemmChoice{.kernel = GemmKernel::prefill, .token_tile = 64}}) {
-    Gemm1Args a = gemm1_args();  // bf16
-    a.choice = choice;
-    a.choice.paired = true;
-    EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "pairs its CTAs")
-        << choice.str();
-  }
 }
 
 TEST(CudaGemmArguments, NoExpertsIsRefused) {

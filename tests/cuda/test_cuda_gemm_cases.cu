@@ -621,20 +621,6 @@ std::vector<GemmCase> all_cases() {
                      true, wgmma_narrow});
     cases.push_back({n + "_wgmma_narrow_gemm2_edges", f, 208, 144, few, Activation::GeluGated(),
                      true, wgmma_narrow2});
-    if (fp8) {
-      // e4m3 tiles in pairs sharing their weight boxes: an expert whose rows fit one tile (its
-      // CTA alone), 64 + 36 rows, two tiles and a pair's first CTA alone, two pairs and a lone
-      // CTA; CTAs of 256 and of 128 weight rows.
-      const std::vector<int> pairs{0, 1, 64, 100, 130, 300, 7};
-      GemmChoice paired = wgmma, paired_narrow = wgmma_narrow;
-      paired.paired = paired_narrow.paired = true;
-      cases.push_back(
-          {n + "_wgmma_paired", f, 384, 256, pairs, Activation::SiluGated(), true, paired});
-      cases.push_back({n + "_wgmma_paired_edges_gelu", f, 208, 144, pairs, Activation::GeluGated(),
-                       true, paired});
-      cases.push_back({n + "_wgmma_paired_narrow_swiglu", f, 384, 256, pairs,
-                       Activation::SwigluOai(), true, paired_narrow});
-    }
     // Hopper's decode tiles (weights on wgmma's M side, 8 or 16 rows on N): groups of several
     // tiles with a tail, a tile of one row; the last CTA's weight rows partly past N.
     cases.push_back(

@@ -62,11 +62,6 @@ constexpr int kWgmmaNarrowMaxWeightRows = 2048;
 constexpr int64_t kWgmmaDecodeMaxRows = 2;
 constexpr int kWgmmaDecodeTile = 8;
 constexpr int kWgmmaNarrowCols = 128;
-// - e4m3 tiles of 64 rows in pairs (a cluster of two CTAs sharing each weight box through TMA
-//   multicast) from two tiles per hit expert on: a 64 x 256 CTA brings 40 KB into shared memory
-//   for each K step's 4.2 MFLOP, which at the fp8 tensor cores' rate asks more of L2 than it
-//   gives (bench/cuda/NOTES.md v5); a pair brings 24 KB per CTA.
-constexpr int64_t kWgmmaPairedMinRows = 128;
 // - split K on the decode tiles (one CTA of 256 weight rows to an SM), where a batch's tiles
 //   number at most half the SMs and each streams many bytes: splits = SMs / tiles (no CTA waits
 //   for a second wave), each split at least kSplitMinBytes of weights and kSplitMinSteps K steps,
@@ -157,8 +152,7 @@ bool fill_scales(const Shape& s, const Fp8Scales& f, detail::Params& p) {
 detail::WgmmaTile wgmma_tile_of(const GemmChoice& choice, bool gated, bool e4m3) {
   const int cols = gated ? choice.gemm1_cols : choice.gemm2_cols;
   return {.rows = choice.token_tile,
-          .cols = cols == 0 ? detail::wgmma_widest_cols(e4m3, choice.token_tile) : cols,
-          .paired = choice.paired};
+          .cols = cols == 0 ? detail::wgmma_widest_cols(e4m3, choice.token_tile) : cols};
 }
 
 static_assert(detail::Prefill64::kCols == detail::Prefill128::kCols &&
@@ -208,20 +202,13 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
           ", N = " + std::to_string(s.n) + "); choose_gemm picks decode for such shapes");
     }
     const detail::WgmmaTile wgmma_tile = wgmma_tile_of(choice, s.gated, s.elem == Elem::e4m3);
-    if (choice.paired && !(hopper && s.elem == Elem::e4m3 && choice.token_tile == 64)) {
-      bad(std::string(s.who) + ".choice: " + choice.str() +
-          " pairs its CTAs, which only wgmma's e4m3 tiles of 64 rows do");
-    }
     if (hopper && !detail::wgmma_builds(s.elem == Elem::e4m3, wgmma_tile)) {
       bad(std::string(s.who) + ".choice: " + choice.str() + " has no wgmma tile of " +
           std::to_string(wgmma_tile.rows) + " x " + std::to_string(wgmma_tile.cols) +
           " for this dtype");
     }
     const int cols = hopper ? wgmma_tile.cols : detail::Prefill64::kCols;
-    // A pair takes a tile of twice the rows, one CTA per half.
-    const int per_tile = choice.paired ? 2 : 1;
-    const int64_t items = per_tile *
-                          detail::max_tiles(rows, p.num_experts, per_tile * choice.token_tile) *
+    const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
                           ceil_div(s.n, s.gated ? cols / 2 : cols);
     if (items > kMaxGridX) {
       bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
@@ -311,7 +298,6 @@ std::string GemmChoice::str() const {
       text +=
           " (split K " + std::to_string(gemm1_splits) + "," + std::to_string(gemm2_splits) + ")";
     }
-    if (paired) text += " (paired)";
     return text;
   }
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
@@ -357,8 +343,7 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
     return {.kernel = GemmKernel::wgmma,
             .token_tile = 64,
             .gemm1_cols = gemm1_cols,
-            .gemm2_cols = narrow(problem.hidden),
-            .paired = fp8 && per_expert >= kWgmmaPairedMinRows};
+            .gemm2_cols = narrow(problem.hidden)};
   }
   if (!decode) {
     const int tile = !fp8 && per_expert >= kPrefill128MinRows ? detail::Prefill128::kRows

@@ -54,10 +54,6 @@ struct GemmChoice {
   // SplitK below).
   int gemm1_splits = 1;
   int gemm2_splits = 1;
-  // wgmma, e4m3 tiles of 64 rows: CTAs in clusters of two on consecutive row tiles of one
-  // expert, each copying half of every weight box into both (TMA multicast), so that a K step's
-  // weights come out of L2 once per pair (both GEMMs).
-  bool paired = false;
   std::string str() const;
 };
 
@@ -87,8 +83,6 @@ struct GemmProblem {
 //   T = 1: GEMM2's 32 tiles of 7.3 MB), into as many CTAs per tile as keep every CTA on an SM of
 //   its own, each with at least 768 KB of weights; not where the tiles are small (Qwen3-30B-A3B
 //   at T = 1 measured slower split).
-// - e4m3 tiles of 64 rows in pairs sharing their weight boxes from kWgmmaPairedMinRows rows per
-//   hit expert on (prefill, where L2's bandwidth paces the fp8 tensor cores).
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);

@@ -88,9 +88,6 @@ void launch_prefill(const Params& p, const Variant& v, int token_tile, unsigned 
 struct WgmmaTile {
   int rows = 64;
   int cols = 256;
-  // Clusters of two CTAs on consecutive row tiles of one expert, sharing each weight box (TMA
-  // multicast): e4m3 tiles of 64 rows.
-  bool paired = false;
 };
 // The widest tile of `rows` token rows: 256 weight rows, 128 for e4m3's 128 rows (whose second
 // set of accumulators leaves room for no more).

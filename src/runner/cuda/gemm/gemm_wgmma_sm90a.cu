@@ -75,13 +75,13 @@ CUtensorMap byte_matrix_map(const void* base, int64_t rows, int64_t row_bytes, i
 template <class S>
 inline constexpr bool kDecodeShape = S::kRows < 64;
 
-template <class S, Elem kElem, bool kGated, bool kPerBlock, bool kPaired = false>
+template <class S, Elem kElem, bool kGated, bool kPerBlock>
 void launch_shape(const Params& p, int64_t rows, dim3 grid, cudaStream_t stream) {
   const auto kernel = [] {
     if constexpr (kDecodeShape<S>) {
       return wgmma_decode_kernel<S, kElem, kGated, kPerBlock>;
     } else {
-      return wgmma_kernel<S, kElem, kGated, kPerBlock, kPaired>;
+      return wgmma_kernel<S, kElem, kGated, kPerBlock>;
     }
   }();
   // Set once per variant: the attribute outlives the call and is no stream operation.
@@ -94,8 +94,7 @@ void launch_shape(const Params& p, int64_t rows, dim3 grid, cudaStream_t stream)
       .a_map = byte_matrix_map(p.a, rows, row_bytes, S::kRows, "GEMM input rows"),
       .w_map = byte_matrix_map(p.w, weight_rows, row_bytes, S::box_rows(kGated), "weights"),
       .p = p};
-  cuda_launch::launch_in_clusters(kPaired ? 2 : 1, kernel, grid, S::kThreads, S::kSmemBytes, stream,
-                                  args);
+  cuda_launch::launch(kernel, grid, S::kThreads, S::kSmemBytes, stream, args);
 }
 
 template <Elem kElem, bool kGated, bool kPerBlock>
@@ -107,14 +106,6 @@ void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, dim3 grid, cu
   } else if (tile.rows == WgmmaDecode16::kTokens) {
     narrow ? launch_shape<WgmmaDecode16x128, kElem, kGated, kPerBlock>(p, rows, grid, stream)
            : launch_shape<WgmmaDecode16, kElem, kGated, kPerBlock>(p, rows, grid, stream);
-  } else if (tile.paired) {
-    if constexpr (kElem == Elem::e4m3) {
-      if (tile.cols == 128) {
-        launch_shape<Wgmma64x128, kElem, kGated, kPerBlock, true>(p, rows, grid, stream);
-      } else {
-        launch_shape<Wgmma64x256, kElem, kGated, kPerBlock, true>(p, rows, grid, stream);
-      }
-    }
   } else if (tile.rows == 64 && tile.cols == 128) {
     launch_shape<Wgmma64x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if (tile.rows == 64) {
@@ -129,7 +120,6 @@ void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, dim3 grid, cu
 }  // namespace
 
 bool wgmma_builds(bool e4m3, WgmmaTile tile) {
-  if (tile.paired && !(e4m3 && tile.rows == 64)) return false;
   if (tile.rows == WgmmaDecode8::kTokens || tile.rows == WgmmaDecode16::kTokens) {
     return tile.cols == 256 || tile.cols == 128;
   }

@@ -99,37 +99,28 @@ __device__ __forceinline__ void wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
 // bar)` runs on every lane that calls this, after that lane has seen the stage handed back and
 // after the kernel's inputs are ready: copies of its own into the stage (the decode kernel's
 // scales), which must arrive on `bar` as `full`'s count expects; `step` is the K step of the
-// whole row (first_step on), `stage` the ring's. A CTA of a pair (`pair_rank` 0 or 1; -1: none)
-// copies every other weight box into both CTAs of its cluster, the other CTA the rest, so that
-// each stage's weights come out of L2 once for both; `empty` then counts both CTAs' consumers.
-template <class S, bool kGated, bool kPaired = false, class Also>
+// whole row (first_step on), `stage` the ring's.
+template <class S, bool kGated, class Also>
 __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile, int n0,
                                         int first_step, int steps, uint32_t a_smem, uint32_t b_smem,
-                                        uint64_t* full, uint64_t* empty, int lane, const Also& also,
-                                        int pair_rank = -1) {
+                                        uint64_t* full, uint64_t* empty, int lane,
+                                        const Also& also) {
   const Params& p = args.p;
   constexpr int kBoxRows = S::box_rows(kGated);
   constexpr int kHalf = S::kGroupCols / 2;
   const int expert_row0 = tile.expert * (kGated ? 2 : 1) * p.n;
   const auto load_weights = [&](int step, uint32_t bar) {
     const int stage = step % S::kStages;
-    static_assert(!kPaired || S::kCols / kBoxRows % 2 == 0, "a pair's CTAs copy half the boxes");
 #pragma unroll
     for (int b = 0; b < S::kCols / kBoxRows; ++b) {
-      if (kPaired && pair_rank >= 0 && b % 2 != pair_rank) continue;
       int row = n0 + b * kBoxRows;
       if constexpr (kGated) {
         // Box b holds the gate or the up rows of warpgroup column block b / 2.
         const int col = n0 + (b / 2) * kHalf;
         row = b % 2 == 0 ? col : p.n + col;
       }
-      const uint32_t dst = b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes;
-      const int x = (first_step + step) * kStepBytes, y = expert_row0 + row;
-      if (kPaired && pair_rank >= 0) {
-        tma_load_2d_multicast(dst, &args.w_map, x, y, bar, 0b11);
-      } else {
-        tma_load_2d(dst, &args.w_map, x, y, bar);
-      }
+      tma_load_2d(b_smem + stage * S::kStageB + b * kBoxRows * kStepBytes, &args.w_map,
+                  (first_step + step) * kStepBytes, expert_row0 + row, bar);
     }
   };
   // GEMM2: the first stages' weights before the wait, while GEMM1 finishes elsewhere.
@@ -158,10 +149,7 @@ __device__ __forceinline__ void produce(const WgmmaArgs& args, const Tile& tile,
   }
 }
 
-// kPaired: launched in clusters of two CTAs, which take the two halves of a tile of 2 x kRows
-// rows of one expert and share its weight boxes (produce above); where the expert's rows fit the
-// first half, that CTA runs alone and its partner leaves at once.
-template <class S, Elem kElem, bool kGated, bool kPerBlock, bool kPaired>
+template <class S, Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
   const Params& p = args.p;
@@ -171,13 +159,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   constexpr int kTileCols = kGated ? S::kCols / 2 : S::kCols;  // output columns per CTA
   // A warpgroup's weight rows (kN, or kN / 2 gate and up rows) lie in one 128-row scale block.
   static_assert(!kFp8 || kN <= 128, "e4m3 promotes within one 128-row scale block per step");
-  // (A pair of 128-row tiles would leave warpgroups without rows in the middle of the pair.)
-  static_assert(!kPaired || S::kGroupsM == 1, "pairs are made of 64-row tiles");
   extern __shared__ uint4 smem[];
   __shared__ int scratch[S::kThreads / 32 + 4];
   __shared__ uint64_t full[S::kStages], empty[S::kStages];
 
   const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbarrier_init(smem_address(&full[s]), 1);
+      mbarrier_init(smem_address(&empty[s]), S::kConsumers / 32);
+    }
+    fence_mbarrier_init();
+  }
   // GEMM1 waits for its inputs before it reads the sort's offsets (the one-launch sort + gather
   // writes them in the kernel before it), then lets GEMM2 be scheduled: GEMM2's CTAs take the
   // SMs GEMM1's CTAs leave (neither fits beside the other) and start loading weights there.
@@ -188,31 +181,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     cuda_launch::release_dependents();
   }
   const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
-  const int rank = kPaired ? cluster_rank() : 0;
-  const int item = static_cast<int>(blockIdx.x) / (kPaired ? 2 : 1);
-  Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, item, (kPaired ? 2 : 1) * S::kRows,
-                                     col_tiles, scratch);
+  // Its block barriers also publish the mbarriers' initialisation.
+  const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
+                                           S::kRows, col_tiles, scratch);
   if (tile.expert < 0) return;
-  // Both CTAs of a cluster found the same tile, so they agree on whether they share it.
-  const bool shared = kPaired && tile.rows > S::kRows;
-  if constexpr (kPaired) {
-    if (rank == 1 && !shared) return;
-    tile.row0 += rank * S::kRows;
-    tile.rows = min(S::kRows, tile.rows - rank * S::kRows);
-  }
-  if (tid == 0) {
-    for (int s = 0; s < S::kStages; ++s) {
-      mbarrier_init(smem_address(&full[s]), 1);
-      mbarrier_init(smem_address(&empty[s]), (shared ? 2 : 1) * S::kConsumers / 32);
-    }
-    fence_mbarrier_init();
-  }
-  // The partner copies into this CTA's stages and arrives on its barriers: both initialised first.
-  if (shared) {
-    cluster_sync();
-  } else {
-    __syncthreads();
-  }
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
   const int steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
   const int n0 = tile.col * kTileCols;
@@ -222,9 +194,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   if (tid >= S::kConsumers) {
     // The producer: one thread issues every copy.
     if (tid == S::kConsumers) {
-      produce<S, kGated, kPaired>(
-          args, tile, n0, 0, steps, a_smem, b_smem, full, empty, 0, [](int, int, uint32_t) {},
-          shared ? rank : -1);
+      produce<S, kGated>(args, tile, n0, 0, steps, a_smem, b_smem, full, empty, 0,
+                         [](int, int, uint32_t) {});
     }
     return;
   }
@@ -259,13 +230,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     ws_second =
         kGated ? weight_scale_base(p, 2, tile.expert, 1, min(group_col0, p.n - 1)) : ws_first;
   }
-  // Hands a stage back to the producer once this warp's wgmma reading it are complete (in a
-  // shared pair, to both producers: each copies into both CTAs' stages).
+  // Hands a stage back to the producer once this warp's wgmma reading it are complete.
   const auto release = [&](int stage) {
-    if (lane == 0) {
-      mbarrier_arrive(smem_address(&empty[stage]));
-      if (shared) mbarrier_arrive_in(smem_address(&empty[stage]), rank ^ 1);
-    }
+    if (lane == 0) mbarrier_arrive(smem_address(&empty[stage]));
   };
   if (!group_live) {
     // (A branch inside the K loop instead makes ptxas serialise the wgmma: C7515.)
@@ -273,7 +240,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
       mbarrier_wait(smem_address(&full[step % S::kStages]), (step / S::kStages) & 1);
       release(step % S::kStages);
     }
-    if (shared) cluster_sync();
     return;
   }
 
@@ -343,8 +309,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   }
   wgmma_wait<0>();
   fence_registers(acc);
-  // Neither CTA of a shared pair leaves while the other may still arrive on its barriers.
-  if (shared) cluster_sync();
 
   // Per-matrix or per-channel fp8 scales, applied once.
   const auto tensor_scale = [&](int part_index, int col, int64_t row) {

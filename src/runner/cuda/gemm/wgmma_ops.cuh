@@ -79,40 +79,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
       : "memory");
 }
 
-// The same copy into every CTA of the cluster named in `cta_mask` (TMA multicast): the box lands
-// at `dst` in each of them, and each one's barrier at `bar` counts its bytes.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* map, int x, int y,
-                                                      uint32_t bar, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-
-// Clusters (thread block clusters, sm_90): this CTA's rank in its cluster, an arrival on the
-// barrier at the same shared address in CTA `cta` of the cluster, and a barrier over every
-// thread of the cluster (threads that have exited count as arrived).
-__device__ __forceinline__ int cluster_rank() {
-  uint32_t rank = 0;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return static_cast<int>(rank);
-}
-
-__device__ __forceinline__ void mbarrier_arrive_in(uint32_t bar, int cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
 // A 4-byte copy from global to shared memory that completes asynchronously (cp.async), and an
 // arrival on an mbarrier once every earlier cp.async of this thread has completed, without
 // raising the barrier's expected count (`noinc`: its init count includes it).
