@@ -6,8 +6,9 @@
 // warm-ups, all enqueued before the first is waited for.
 // floor = max(bytes of the distinct experts' weights / 4.44 TB/s, FLOPs / tensor peak).
 //
-//   gemm_bench [--quick] [--no-others] [--json FILE]
+//   gemm_bench [--quick | --prefill] [--no-others] [--json FILE]
 //     --quick      T <= 64 only
+//     --prefill    T >= 512 only
 //     --no-others  only the heuristic's choice (not also the other kernels on each case, nor, for
 //                  fp8, the quantisation kernel in place of GEMM1's own quantisation)
 //     --json FILE  the results as JSON
@@ -293,12 +294,14 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, others = true;
+  bool quick = false, prefill = false, others = true;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--prefill") {
+      prefill = true;
     } else if (arg == "--no-others") {
       others = false;
     } else if (arg == "--json" && i + 1 < argc) {
@@ -331,7 +334,7 @@ int main(int argc, char** argv) {
       float* w2_scales = device_floats(int64_t{m.E} * kb_h * kb_i, 1e-3f);
       check(cudaDeviceSynchronize(), "init");
       for (int T : ts) {
-        if (quick && T > 64) continue;
+        if ((quick && T > 64) || (prefill && T < 512)) continue;
         const GemmChoice chosen =
             choose_gemm({dtype, int64_t{T} * m.k, m.E, m.H, m.I, sm_count, cc});
         // As the runner does: GEMM1 quantises GEMM2's input itself where its kernel can.

@@ -9,7 +9,8 @@
 #   MOEKIT_BIN         a moekit binary to use instead of building one
 #   MOEKIT_BENCH_ARGS  more arguments for moekit bench (e.g. "--case qwen3-30b-a3b")
 #   MOEKIT_GEMM_BENCH  1: also build and run gemm_bench (the expert GEMMs alone; OUT_DIR/gemm_bench.json)
-#   MOEKIT_GEMM_BENCH_ARGS  more arguments for gemm_bench (--quick: T <= 64; --no-others)
+#   MOEKIT_GEMM_BENCH_ARGS  more arguments for gemm_bench (--quick: T <= 64; --prefill: T >= 512;
+#                      --no-others)
 #   MOEKIT_TMA_BENCH   1: also build and run tma_read_bench (TMA weight streams alone; OUT_DIR/tma_read_bench.json)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
