@@ -109,11 +109,7 @@ void launch_variant(const Params& p, WgmmaTile tile, int64_t rows, dim3 grid, cu
   } else if (tile.rows == 64 && tile.cols == 128) {
     launch_shape<Wgmma64x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if (tile.rows == 64) {
-    if constexpr (kElem == Elem::e4m3) {
-      launch_shape<Wgmma64x256Overlap, kElem, kGated, kPerBlock>(p, rows, grid, stream);
-    } else {
-      launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
-    }
+    launch_shape<Wgmma64x256, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else if constexpr (kElem == Elem::e4m3) {
     launch_shape<Wgmma128x128, kElem, kGated, kPerBlock>(p, rows, grid, stream);
   } else {

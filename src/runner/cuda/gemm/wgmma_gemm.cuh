@@ -28,21 +28,15 @@
 
 namespace moekit::cuda_gemm::detail {
 
-template <int kRows_, int kCols_, int kStages_, int kPerSm_ = 1, bool kOverlap_ = false>
+template <int kRows_, int kCols_, int kStages_, int kPerSm_ = 1>
 struct WgmmaShape {
   static constexpr int kRows = kRows_, kCols = kCols_, kStages = kStages_;
   static constexpr int kPerSm = kPerSm_;  // CTAs an SM holds (shared memory and registers)
   // Two consumer warpgroups (warps 0-7, as wgmma wants warpgroups aligned to 4 warps), then the
   // producer warp. ptxas gives a thread of this CTA up to 168 registers (as for 384 threads):
   // room for 128 accumulators, not for two sets of 64 beside 64 (bench/cuda/NOTES.md v5).
-  // kOverlap (e4m3): the producer is a warpgroup that hands its registers to the consumers
-  // (setmaxnreg: 40 for it, 232 for each consumer thread), which then hold two sets of partial
-  // sums and promote one K step's while the tensor cores multiply the next (bench/cuda/NOTES.md
-  // v11: the promotion's drain idled the tensor pipe).
-  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kConsumers = 256;
-  static constexpr int kThreads = kConsumers + (kOverlap ? 128 : 32);
-  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  static constexpr int kThreads = kConsumers + 32;
   static constexpr int kGroupsM = kRows / 64;              // warpgroups along the rows
   static constexpr int kGroupCols = kCols * kGroupsM / 2;  // the n of each warpgroup's wgmma
   static constexpr int kStageA = kRows * kStepBytes, kStageB = kCols * kStepBytes;
@@ -56,9 +50,6 @@ struct WgmmaShape {
   static_assert(kGroupsM == 1 || kGroupsM == 2);
   static_assert(kGroupCols == 64 || kGroupCols == 128 || kGroupCols == 256);
   static_assert(kPerSm * (kSmemBytes + 1024) <= 228 * 1024, "an SM has 228 KB of shared memory");
-  static_assert(!kOverlap || (kPerSm == 1 && kThreads == 384 &&
-                              128 * kProducerRegisters + 256 * kConsumerRegisters <= 168 * 384),
-                "setmaxnreg moves registers within the 168 x 384 that one CTA is given");
 };
 // 16-bit: warpgroups of 64 x 256 (128 accumulators a thread).
 using Wgmma128x256 = WgmmaShape<128, 256, 4>;
@@ -66,8 +57,6 @@ using Wgmma128x256 = WgmmaShape<128, 256, 4>;
 using Wgmma128x128 = WgmmaShape<128, 128, 6>;
 // Fewer rows per expert: both warpgroups on 64 rows, 128 weight rows each.
 using Wgmma64x256 = WgmmaShape<64, 256, 5>;
-// The same for e4m3, promoting each K step under the next one's wgmma.
-using Wgmma64x256Overlap = WgmmaShape<64, 256, 5, 1, true>;
 // Twice the CTAs of 64 x 256 over the same weights, two to an SM: for grids that 64 x 256
 // leaves short of the SMs (a decode step's few experts), where the weights' stream is all the
 // time and more CTAs keep more of it in flight.
@@ -203,7 +192,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   const uint32_t b_smem = a_smem + S::kStages * S::kStageA;
 
   if (tid >= S::kConsumers) {
-    if constexpr (S::kOverlap) setmaxnreg_dec<S::kProducerRegisters>();
     // The producer: one thread issues every copy.
     if (tid == S::kConsumers) {
       produce<S, kGated>(args, tile, n0, 0, steps, a_smem, b_smem, full, empty, 0,
@@ -211,7 +199,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     }
     return;
   }
-  if constexpr (S::kOverlap) setmaxnreg_inc<S::kConsumerRegisters>();
   if constexpr (!kGated) cuda_launch::wait_for_inputs();  // the consumers read GEMM1's scales
 
   const int group = tid / 128, lane = tid & 31, warp = tid >> 5, warp_in_group = warp & 3;
@@ -301,53 +288,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
         }
       }
     };
-    if constexpr (S::kOverlap) {
-      // Step s + 1's wgmma are issued before step s is promoted: one group stays in flight
-      // while the other set of sums is added in. Two steps a turn, so that each set of
-      // registers is named at compile time; step `step` is in flight in part[0] at the top.
-      float part[2][kAcc];
-      StepScales sc[2] = {scales_of(0), {}};
-      const auto finish = [&](int step, int h) {
-        fence_registers(part[h]);
-        release(step % S::kStages);
-        promote(part[h], sc[h]);
-      };
-      issue(0, part[0]);
-      int step = 0;
-      for (; step + 2 < steps; step += 2) {
-        sc[1] = scales_of(step + 1);
-        issue(step + 1, part[1]);
-        wgmma_wait<1>();
-        finish(step, 0);
-        sc[0] = scales_of(step + 2);
-        issue(step + 2, part[0]);
-        wgmma_wait<1>();
-        finish(step + 1, 1);
-      }
-      if (step + 1 < steps) {
-        sc[1] = scales_of(step + 1);
-        issue(step + 1, part[1]);
-        wgmma_wait<1>();
-        finish(step, 0);
-        wgmma_wait<0>();
-        finish(step + 1, 1);
-      } else {
-        wgmma_wait<0>();
-        finish(step, 0);
-      }
-    } else {
-      // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
-      // serialise the wgmma (C7514) and spill within 168 registers: kOverlap above makes room.
-      // Here the two warpgroups overlap each other's promotion.)
-      float part[kAcc];
-      for (int step = 0; step < steps; ++step) {
-        const StepScales sc = scales_of(step);
-        issue(step, part);
-        wgmma_wait<0>();
-        fence_registers(part);
-        release(step % S::kStages);
-        promote(part, sc);
-      }
+    // (Two sets of partial sums, one multiplied while the other is promoted, make ptxas
+    // serialise the wgmma (C7514) and spill; the two warpgroups overlap each other's promotion.)
+    float part[kAcc];
+    for (int step = 0; step < steps; ++step) {
+      const StepScales sc = scales_of(step);
+      issue(step, part);
+      wgmma_wait<0>();
+      fence_registers(part);
+      release(step % S::kStages);
+      promote(part, sc);
     }
   } else {
     for (int step = 0; step < steps; ++step) {

@@ -90,18 +90,6 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Moves registers between the warpgroups of a CTA (every thread of a warpgroup runs it): the
-// increase waits until the decreases have freed enough.
-template <int kRegisters>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-
-template <int kRegisters>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma fence or wait:
 // they are registers the asm statements above do not name.
 template <int kN>
