@@ -46,7 +46,6 @@ struct CudaGemmChoice {
   int gemm2_cols = 0;
   int gemm1_splits = 1;  // wgmma decode tiles: CTAs sharing a tile's K steps, GEMM1 and GEMM2
   int gemm2_splits = 1;
-  int64_t prefetch_bytes = 0;  // hit experts' weights asked of L2 before GEMM1; 0: none
 };
 struct CudaKernels {
   std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)

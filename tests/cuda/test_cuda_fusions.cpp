@@ -412,9 +412,6 @@ TEST(CudaSortAndGather, WritesWhatSortThenGatherWriteBitForBit) {
         const int64_t groups = (H + group - 1) / group;
         const Tensor scratch =
             poisoned(DType::i8, {std::max<int64_t>(rc::sort_scratch_bytes(entries, c.n_slots), 1)});
-        // Each slot's 3 GEMM1 rows of 256 bytes, then (as the budget allows) 2 GEMM2 rows of
-        // 128 from the same buffer, for the prefetch's addresses.
-        const Tensor weights = poisoned(DType::i8, {c.n_slots * 3 * 256});
         TinyOutputs out[2];
         for (int i = 0; i < 2; ++i) {  // 0: two launches, 1: sort_and_gather
           TinyOutputs& o = out[i];
@@ -457,12 +454,7 @@ TEST(CudaSortAndGather, WritesWhatSortThenGatherWriteBitForBit) {
             rc::sort_by_slot(sort, nullptr);
             rc::gather_rows(gather, nullptr);
           } else {
-            // With every hit slot's weights asked of L2, which must change nothing.
-            rc::sort_and_gather(sort, gather, nullptr,
-                                rc::WeightPrefetch::within(
-                                    2 * weights.view().nbytes(), c.n_slots,
-                                    {.base = weights.view().data, .rows = 3, .row_bytes = 256},
-                                    {.base = weights.view().data, .rows = 2, .row_bytes = 128}));
+            rc::sort_and_gather(sort, gather, nullptr);
           }
         }
         EXPECT_EQ(bytes_of(out[1].counts), bytes_of(out[0].counts));

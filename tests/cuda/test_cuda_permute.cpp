@@ -366,49 +366,5 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaCombine,
                                   (std::get<3>(test.param) ? "_weighted" : "_preweighted");
                          });
 
-// ---- the weights' L2 prefetch: how a budget becomes prefixes of rows ----
-
-struct PrefetchCase {
-  const char* name;
-  int64_t bytes;
-  int64_t hit_slots;
-  int64_t gemm1_row_bytes, gemm2_row_bytes;
-  int64_t gemm1_prefix, gemm2_prefix;  // expected
-};
-
-TEST(WeightPrefetch, SpendsTheBudgetOnGemm1sRowsFirstInWholeLines) {
-  alignas(16) static const char weights[16] = {};
-  // 4 rows of GEMM1 and 2 of GEMM2 per slot.
-  const PrefetchCase cases[] = {
-      {"everything fits", 1 << 20, 2, 4096, 1024, 4096, 1024},
-      {"half of GEMM1's rows, none of GEMM2's", 2 * 4 * 2048, 2, 4096, 1024, 2048, 0},
-      {"GEMM1's rows, then what is left for GEMM2", 2 * 4 * 4096 + 2 * 2 * 256, 2, 4096, 1024, 4096,
-       256},
-      {"rounded down to a line", 2 * 4 * 300, 2, 4096, 1024, 256, 0},
-      {"less than a line a row: nothing", 2 * 4 * 60, 2, 4096, 1024, 0, 0},
-      {"rows that are not 16-byte aligned are skipped", 1 << 20, 2, 4104, 1000, 0, 0},
-      {"the aligned matrix takes the budget", 2 * 2 * 512, 2, 4104, 1024, 0, 512},
-      {"no budget", 0, 2, 4096, 1024, 0, 0},
-      {"no slot hit", 1 << 20, 0, 4096, 1024, 0, 0},
-  };
-  for (const PrefetchCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    const rc::WeightPrefetch p = rc::WeightPrefetch::within(
-        c.bytes, c.hit_slots, {.base = weights, .rows = 4, .row_bytes = c.gemm1_row_bytes},
-        {.base = weights, .rows = 2, .row_bytes = c.gemm2_row_bytes});
-    EXPECT_EQ(p.gemm1.prefix, c.gemm1_prefix);
-    EXPECT_EQ(p.gemm2.prefix, c.gemm2_prefix);
-    EXPECT_LE(c.hit_slots * (4 * p.gemm1.prefix + 2 * p.gemm2.prefix), c.bytes);
-  }
-}
-
-TEST(WeightPrefetch, FetchesNothingFromAnUnalignedBase) {
-  alignas(16) static const char weights[32] = {};
-  const rc::WeightPrefetch p =
-      rc::WeightPrefetch::within(1 << 20, 1, {.base = weights + 8, .rows = 1, .row_bytes = 16}, {});
-  EXPECT_EQ(p.gemm1.prefix, 0);
-  EXPECT_EQ(p.gemm2.prefix, 0);
-}
-
 }  // namespace
 }  // namespace moekit

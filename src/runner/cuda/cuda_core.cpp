@@ -106,15 +106,9 @@ class CudaCore final : public RunnerCore {
         .scales = fp8_ && !static_ ? a.x_scales : nullptr,
         .quant_group = static_cast<int>(x_group),
         .static_scale = static_ ? w.device_input_scales : nullptr};
-    const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
-    // At most one slot per entry is hit (fewer where tokens share experts).
-    const int64_t hit_slots = std::min<int64_t>(entries, p_.slots);
-    const auto prefetch = runner::cuda::WeightPrefetch::within(
-        c.prefetch_bytes, hit_slots,
-        {.base = w.w13.weight.data, .rows = 2 * I, .row_bytes = dtype_storage_bytes(dtype_, H)},
-        {.base = w.w2.weight.data, .rows = H, .row_bytes = dtype_storage_bytes(dtype_, I)});
     // One launch for a decode step's few entries, two otherwise (permute.hpp).
-    runner::cuda::sort_and_gather(sort, gather, stream, prefetch);
+    runner::cuda::sort_and_gather(sort, gather, stream);
+    const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(c);
     const int activation_block_cols =
         per_group(p_.quant) ? static_cast<int>(p_.quant.activation_group) : 0;

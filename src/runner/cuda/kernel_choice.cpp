@@ -26,30 +26,28 @@ CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
           .gemm1_cols = c.gemm1_cols,
           .gemm2_cols = c.gemm2_cols,
           .gemm1_splits = c.gemm1_splits,
-          .gemm2_splits = c.gemm2_splits,
-          .prefetch_bytes = c.prefetch_bytes};
+          .gemm2_splits = c.gemm2_splits};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
   return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
          a.gemm2_slices == b.gemm2_slices && a.gemm1_cols == b.gemm1_cols &&
          a.gemm2_cols == b.gemm2_cols && a.gemm1_splits == b.gemm1_splits &&
-         a.gemm2_splits == b.gemm2_splits && a.prefetch_bytes == b.prefetch_bytes;
+         a.gemm2_splits == b.gemm2_splits;
 }
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
 // intermediate I, each token bringing `columns` rows.
 std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int64_t I,
-                                 int64_t max_tokens, const GpuInfo& gpu) {
+                                 int64_t max_tokens, int sm_count, int compute_capability) {
   std::vector<CudaGemmChoice> out;
   cuda_gemm::GemmProblem problem{.dtype = plan.quant.weight_dtype,
                                  .rows = 0,
                                  .num_experts = experts,
                                  .hidden = static_cast<int>(plan.spec.hidden),
                                  .intermediate = static_cast<int>(I),
-                                 .sm_count = gpu.sm_count,
-                                 .compute_capability = gpu.compute_major * 10 + gpu.compute_minor,
-                                 .l2_bytes = gpu.l2_bytes};
+                                 .sm_count = sm_count,
+                                 .compute_capability = compute_capability};
   for (int64_t T = 1; T <= max_tokens; ++T) {
     problem.rows = T * columns;
     const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T);
@@ -78,9 +76,6 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
     if (c.gemm1_splits != 1 || c.gemm2_splits != 1) {
       text += fmt::format(" (K split in {}/{})", c.gemm1_splits, c.gemm2_splits);
     }
-    if (c.prefetch_bytes > 0) {
-      text += fmt::format(" ({} MiB of weights prefetched to L2)", c.prefetch_bytes >> 20);
-    }
     from = c.up_to_tokens + 1;
   }
   return text;
@@ -91,19 +86,20 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
 CudaKernels choose_cuda_kernels(const Plan& plan) {
   CudaKernels k;
   k.device_index = plan.options.device.index;
-  GpuInfo gpu;
-  gpu.index = k.device_index;
-  for (const GpuInfo& g : plan.platform.gpus) {
-    if (g.index == k.device_index) gpu = g;
+  int compute_capability = 0;
+  for (const GpuInfo& gpu : plan.platform.gpus) {
+    if (gpu.index == k.device_index) {
+      k.sm_count = gpu.sm_count;
+      compute_capability = gpu.compute_major * 10 + gpu.compute_minor;
+    }
   }
-  k.sm_count = gpu.sm_count;
   const ModelSpec& spec = plan.spec;
   k.routed =
       runs(plan, plan.local_routed + plan.shared_slots, spec.routing.top_k + plan.shared_slots,
-           spec.intermediate, plan.max_received_tokens, gpu);
+           spec.intermediate, plan.max_received_tokens, k.sm_count, compute_capability);
   if (plan.adds_shared_output) {
     k.shared = runs(plan, spec.n_shared, spec.n_shared, spec.shared_intermediate,
-                    plan.options.max_tokens, gpu);
+                    plan.options.max_tokens, k.sm_count, compute_capability);
   }
   return k;
 }
@@ -127,8 +123,7 @@ cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
           .gemm1_cols = c.gemm1_cols,
           .gemm2_cols = c.gemm2_cols,
           .gemm1_splits = c.gemm1_splits,
-          .gemm2_splits = c.gemm2_splits,
-          .prefetch_bytes = c.prefetch_bytes};
+          .gemm2_splits = c.gemm2_splits};
 }
 
 std::string describe(const CudaKernels& k) {

@@ -461,34 +461,13 @@ __global__ void gather_kernel(GatherParams p) {
   gather_row(p, r, p.row_source[r], group_amax, 0, static_cast<int>(p.hidden_size));
 }
 
-// Asks L2 for bytes [address, address + bytes) (16-byte aligned, a multiple of 16), without
-// waiting: on sm_90 one bulk request, before it one request per 128-byte line.
-__device__ __forceinline__ void prefetch_l2(const char* address, int64_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address),
-               "r"(static_cast<uint32_t>(bytes))
-               : "memory");
-#else
-  for (int64_t b = 0; b < bytes; b += 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(address + b));
-  }
-#endif
-}
-
-// Slot `slot`'s share `part` of `parts` of the prefetch: every parts-th row, its prefix.
-__device__ void prefetch_slot(const WeightPrefetch::Matrix& m, int slot, int part, int parts) {
-  if (m.prefix == 0) return;
-  const char* rows = static_cast<const char*>(m.base) + slot * m.rows * m.row_bytes;
-  for (int64_t r = part; r < m.rows; r += parts) prefetch_l2(rows + r * m.row_bytes, m.prefix);
-}
-
 // sort_by_slot then gather_rows for a batch of at most kTinyEntries entries, contiguous layout,
 // tile 1: block r first sorts every entry with one warp (an entry's row is the number of entries
 // here with a lower slot plus the earlier entries with its slot: the row sort_small_kernel
 // places it in), block 0 writes the sort's outputs as sort_by_slot does, and block r gathers
 // row r as gather_kernel does. One launch instead of two; each block's sort is 32 steps of a
-// warp. The blocks of each slot's first row issue its WeightPrefetch before they gather.
-__global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p, WeightPrefetch prefetch) {
+// warp.
+__global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
   extern __shared__ unsigned int group_amax[];  // e4m3: [groups_per_row], float bits
@@ -542,19 +521,6 @@ __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p, WeightPref
   int entry = -1;
   for (int e = 0; e < entries; ++e) {
     if (row_of_entry[e] == r) entry = e;
-  }
-  const int slot = slot_of_entry[entry];
-  bool first_of_slot = true;
-  for (int e = 0; e < entries; ++e) {
-    if (slot_of_entry[e] == slot && row_of_entry[e] >= 0 && row_of_entry[e] < r) {
-      first_of_slot = false;
-    }
-  }
-  if (first_of_slot) {
-    const int part = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
-    const int parts = static_cast<int>(gridDim.y * blockDim.x);
-    prefetch_slot(prefetch.gemm1, slot, part, parts);
-    prefetch_slot(prefetch.gemm2, slot, part, parts);
   }
   // Segment blockIdx.y of the row (a grid of one segment where the row is not split).
   const int c0 = static_cast<int>(blockIdx.y) * kSegmentCols;
@@ -820,23 +786,7 @@ void gather_rows(const GatherArgs& args, cudaStream_t stream) {
   cuda_common::check_launch("gather_rows");
 }
 
-WeightPrefetch WeightPrefetch::within(int64_t bytes, int64_t hit_slots, Matrix gemm1,
-                                      Matrix gemm2) {
-  const auto fit = [&](Matrix& m) {
-    const int64_t rows = hit_slots * m.rows;
-    const bool aligned = reinterpret_cast<uintptr_t>(m.base) % 16 == 0 && m.row_bytes % 16 == 0;
-    m.prefix = m.base != nullptr && aligned && rows > 0 && bytes > 0
-                   ? std::min(m.row_bytes, bytes / rows / 128 * 128)
-                   : 0;
-    bytes -= m.prefix * rows;
-  };
-  fit(gemm1);
-  fit(gemm2);
-  return {gemm1, gemm2};
-}
-
-void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream,
-                     const WeightPrefetch& prefetch) {
+void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream) {
   if (gather.row_source != sort.row_source || gather.offsets != sort.offsets ||
       gather.counts != sort.counts || gather.tokens != sort.tokens ||
       gather.columns != sort.columns || gather.n_slots != sort.n_slots ||
@@ -860,8 +810,7 @@ void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_
   const bool split = g.p.rows_dtype != DType::f8e4m3 || g.p.warp_groups;
   const dim3 grid(static_cast<unsigned>(entries),
                   split ? cuda_common::blocks_for(gather.hidden_size, kSegmentCols) : 1u);
-  cuda_launch::launch(sort_gather_tiny_kernel, grid, kGatherThreads, g.shared, stream, s, g.p,
-                      prefetch);
+  cuda_launch::launch(sort_gather_tiny_kernel, grid, kGatherThreads, g.shared, stream, s, g.p);
   cuda_common::check_launch("sort_and_gather");
 }
 

@@ -73,31 +73,12 @@ struct GatherArgs {
 
 void gather_rows(const GatherArgs& args, cudaStream_t stream);
 
-// The weights a decode step's GEMMs will stream, asked of L2 by the one-launch sort + gather as
-// soon as it knows which slots the batch hits: from the router's start until GEMM1's first copy
-// the memory is otherwise idle (GEMM1 cannot know its expert before the sort). Each hit slot's
-// matrix rows are fetched from their start, `prefix` bytes of each, since every CTA of the GEMMs
-// starts its K loop there. A hint: it changes no result, and prefix 0 fetches nothing.
-struct WeightPrefetch {
-  struct Matrix {
-    const void* base = nullptr;  // slot s's rows x row_bytes start at base + s * rows * row_bytes
-    int64_t rows = 0;
-    int64_t row_bytes = 0;
-    int64_t prefix = 0;  // bytes from each row's start: a multiple of 16, at most row_bytes
-  };
-  Matrix gemm1, gemm2;
-  // Prefixes that keep `bytes` in all for `hit_slots` slots: GEMM1's rows first (streamed first),
-  // then GEMM2's with what is left; none where a row is not 16-byte aligned.
-  static WeightPrefetch within(int64_t bytes, int64_t hit_slots, Matrix gemm1, Matrix gemm2);
-};
-
 // sort_by_slot(sort) then gather_rows(gather), the gather reading the sort's outputs (the same
 // row_source, offsets and counts, batch and layout): one launch where the batch is tiny (1 to 32
 // entries in the contiguous layout with tile 1, as a decode step's top-k is), where every block
 // sorts the few entries with one warp and gathers its own row; the two launches otherwise. The
-// same outputs either way. The one launch also issues `prefetch`; the two do not.
-void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream,
-                     const WeightPrefetch& prefetch = {});
+// same outputs either way.
+void sort_and_gather(const SortArgs& sort, const GatherArgs& gather, cudaStream_t stream);
 
 struct CombineArgs {
   // [rows, hidden_size]: GEMM2's output in the grouped layout, f32, bf16 or f16.

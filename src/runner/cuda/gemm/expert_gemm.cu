@@ -298,17 +298,13 @@ std::string GemmChoice::str() const {
       text +=
           " (split K " + std::to_string(gemm1_splits) + "," + std::to_string(gemm2_splits) + ")";
     }
-    if (prefetch_bytes > 0) text += " (prefetch " + std::to_string(prefetch_bytes >> 20) + " MiB)";
     return text;
   }
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
-         std::to_string(gemm2_slices) +
-         (prefetch_bytes > 0 ? " (prefetch " + std::to_string(prefetch_bytes >> 20) + " MiB)" : "");
+         std::to_string(gemm2_slices);
 }
 
-namespace {
-
-GemmChoice choose_kernel(const GemmProblem& problem) {
+GemmChoice choose_gemm(const GemmProblem& problem) {
   const int64_t rows = std::max<int64_t>(problem.rows, 1);
   const int64_t hit = std::min<int64_t>(std::max(problem.num_experts, 1), rows);
   const int64_t per_expert = ceil_div(rows, hit);
@@ -363,16 +359,6 @@ GemmChoice choose_kernel(const GemmProblem& problem) {
   };
   return {GemmKernel::decode, detail::kDecodeRows, slices(problem.intermediate, 16),
           slices(problem.hidden, 32)};
-}
-
-}  // namespace
-
-GemmChoice choose_gemm(const GemmProblem& problem) {
-  GemmChoice choice = choose_kernel(problem);
-  const bool decode_tile = choice.kernel == GemmKernel::decode ||
-                           (choice.kernel == GemmKernel::wgmma && choice.token_tile <= 16);
-  if (decode_tile) choice.prefetch_bytes = problem.l2_bytes / 2;
-  return choice;
 }
 
 void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {

@@ -54,9 +54,6 @@ struct GemmChoice {
   // SplitK below).
   int gemm1_splits = 1;
   int gemm2_splits = 1;
-  // Bytes of the hit experts' weights asked of L2 before GEMM1 runs, by the sort + gather
-  // launch of a decode step (runner::cuda::WeightPrefetch); 0: none.
-  int64_t prefetch_bytes = 0;
   std::string str() const;
 };
 
@@ -70,7 +67,6 @@ struct GemmProblem {
   int intermediate = 0;
   int sm_count = 132;
   int compute_capability = 0;  // major * 10 + minor; 90 (Hopper) takes the wgmma kernel
-  int64_t l2_bytes = 0;        // the device's L2
 };
 
 // The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
@@ -87,9 +83,6 @@ struct GemmProblem {
 //   T = 1: GEMM2's 32 tiles of 7.3 MB), into as many CTAs per tile as keep every CTA on an SM of
 //   its own, each with at least 768 KB of weights; not where the tiles are small (Qwen3-30B-A3B
 //   at T = 1 measured slower split).
-// - the decode tiles ask L2 for half its size of the hit experts' weights before GEMM1 (the
-//   memory is idle from the router's start until GEMM1's first copy); not at prefill sizes, whose
-//   GEMMs stream far more than L2 holds while they compute.
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
