@@ -17,7 +17,16 @@
 
 namespace moekit {
 
-enum class ModelFamily { deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral, glm4_moe };
+enum class ModelFamily {
+  deepseek_v2,
+  deepseek_v3,
+  qwen2_moe,
+  qwen3_moe,
+  qwen3_next,
+  mixtral,
+  glm4_moe,
+  olmoe
+};
 std::string_view family_name(ModelFamily family);
 
 // Module paths without the ".weight" suffix: a quantised checkpoint stores its scales next to
@@ -31,8 +40,9 @@ struct MoeTensorNames {
   std::string router;                          // "model.layers.3.mlp.gate.weight" [E, H]
   std::optional<std::string> correction_bias;  // "model.layers.3.mlp.gate.e_score_correction_bias"
   std::optional<ExpertTensorNames> shared;     // DeepSeek/GLM "mlp.shared_experts.*",
-                                               // Qwen2-MoE "mlp.shared_expert.*"
-  std::optional<std::string> shared_gate;      // Qwen2-MoE "mlp.shared_expert_gate.weight" [1, H]
+                                               // Qwen2-MoE, Qwen3-Next "mlp.shared_expert.*"
+  std::optional<std::string> shared_gate;      // Qwen2-MoE, Qwen3-Next
+                                               // "mlp.shared_expert_gate.weight" [1, H]
   std::string expert_prefix;                   // "model.layers.3.mlp.experts."
   ExpertTensorNames expert_leaf;  // {"gate_proj", "up_proj", "down_proj"}; Mixtral w1 w3 w2
   int n_experts = 0;

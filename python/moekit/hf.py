@@ -16,7 +16,14 @@ from . import _moekit
 from ._layer import MoeLayer
 from ._spec import from_hf_config
 
-_MOE_BLOCKS = ("Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "DeepseekV3MoE")
+_MOE_BLOCKS = (
+    "Qwen3MoeSparseMoeBlock",
+    "MixtralSparseMoeBlock",
+    "Qwen2MoeSparseMoeBlock",
+    "Qwen3NextSparseMoeBlock",
+    "OlmoeSparseMoeBlock",
+    "DeepseekV3MoE",
+)
 
 
 def is_moe_block(module):

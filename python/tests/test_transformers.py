@@ -19,6 +19,14 @@ def make_block(family):
     elif family == "mixtral":
         config = transformers.MixtralConfig(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, **COMMON)
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+    elif family == "olmoe":
+        config = transformers.OlmoeConfig(intermediate_size=32, num_experts=16, num_experts_per_tok=4, **COMMON)
+        from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock as Block
+    elif family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=24, num_experts_per_tok=5, **COMMON
+        )
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock as Block
     elif family == "qwen2_moe":
         config = transformers.Qwen2MoeConfig(
             moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, **COMMON
@@ -58,7 +66,7 @@ def make_block(family):
     return block, config
 
 
-FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "deepseek_v3"]
+FAMILIES = ["qwen3_moe", "mixtral", "qwen2_moe", "qwen3_next", "olmoe", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("dtype_name, tolerance", [("float32", 1e-5), ("bfloat16", 1e-2)])
@@ -94,4 +102,4 @@ def test_spec_from_the_transformers_config(family):
     block, config = make_block(family)
     spec = moekit.ModelSpec.from_hf_config(config)
     assert spec.hidden == 64 and spec.n_experts == block.experts.gate_up_proj.shape[0]
-    assert (spec.n_shared > 0) == (family in ("qwen2_moe", "deepseek_v3"))
+    assert (spec.n_shared > 0) == (family in ("qwen2_moe", "qwen3_next", "deepseek_v3"))

@@ -17,18 +17,23 @@ namespace {
 
 using nlohmann::json;
 
-constexpr NameTable<ModelFamily, 6> kFamilies = {
+constexpr NameTable<ModelFamily, 8> kFamilies = {
     {ModelFamily::deepseek_v2, "deepseek_v2"}, {ModelFamily::deepseek_v3, "deepseek_v3"},
     {ModelFamily::qwen2_moe, "qwen2_moe"},     {ModelFamily::qwen3_moe, "qwen3_moe"},
-    {ModelFamily::mixtral, "mixtral"},         {ModelFamily::glm4_moe, "glm4_moe"}};
+    {ModelFamily::qwen3_next, "qwen3_next"},   {ModelFamily::mixtral, "mixtral"},
+    {ModelFamily::glm4_moe, "glm4_moe"},       {ModelFamily::olmoe, "olmoe"}};
 
 // model_type values as config.json files write them. Kimi-K2 ships DeepSeek-V3's architecture
 // under its own name.
-constexpr NameTable<ModelFamily, 7> kModelTypes = {
-    {ModelFamily::deepseek_v2, "deepseek_v2"}, {ModelFamily::deepseek_v3, "deepseek_v3"},
-    {ModelFamily::deepseek_v3, "kimi_k2"},     {ModelFamily::qwen2_moe, "qwen2_moe"},
-    {ModelFamily::qwen3_moe, "qwen3_moe"},     {ModelFamily::mixtral, "mixtral"},
-    {ModelFamily::glm4_moe, "glm4_moe"}};
+constexpr NameTable<ModelFamily, 9> kModelTypes = {{ModelFamily::deepseek_v2, "deepseek_v2"},
+                                                   {ModelFamily::deepseek_v3, "deepseek_v3"},
+                                                   {ModelFamily::deepseek_v3, "kimi_k2"},
+                                                   {ModelFamily::qwen2_moe, "qwen2_moe"},
+                                                   {ModelFamily::qwen3_moe, "qwen3_moe"},
+                                                   {ModelFamily::qwen3_next, "qwen3_next"},
+                                                   {ModelFamily::mixtral, "mixtral"},
+                                                   {ModelFamily::glm4_moe, "glm4_moe"},
+                                                   {ModelFamily::olmoe, "olmoe"}};
 
 constexpr NameTable<DType, 3> kTorchDtypes = {
     {DType::bf16, "bfloat16"}, {DType::f16, "float16"}, {DType::f32, "float32"}};
@@ -43,10 +48,14 @@ void read_family(ConfigReader& reader, HfModelConfig& config) {
       return read_qwen2_moe(reader, config);
     case ModelFamily::qwen3_moe:
       return read_qwen3_moe(reader, config);
+    case ModelFamily::qwen3_next:
+      return read_qwen3_next(reader, config);
     case ModelFamily::mixtral:
       return read_mixtral(reader, config);
     case ModelFamily::glm4_moe:
       return read_glm4_moe(reader, config);
+    case ModelFamily::olmoe:
+      return read_olmoe(reader, config);
   }
   fail(Errc::internal, "no reader for model family {}", static_cast<int>(config.family));
 }
@@ -239,8 +248,7 @@ MoeTensorNames HfModelConfig::tensor_names(int layer) const {
   names.router = block + "gate.weight";
   if (spec.routing.correction_bias) names.correction_bias = block + "gate.e_score_correction_bias";
   if (spec.n_shared > 0) {
-    const std::string shared =
-        block + (family == ModelFamily::qwen2_moe ? "shared_expert." : "shared_experts.");
+    const std::string shared = block + (spec.shared_gate ? "shared_expert." : "shared_experts.");
     names.shared =
         ExpertTensorNames{shared + "gate_proj", shared + "up_proj", shared + "down_proj"};
   }

@@ -43,6 +43,9 @@ std::vector<RunCase> all_cases() {
       {TinyHfModel::qwen2_moe(), 0},
       {TinyHfModel::qwen3_moe(), 1},
       {TinyHfModel::qwen3_moe().fp8(), 2},
+      {TinyHfModel::qwen3_next(), 1},
+      {TinyHfModel::olmoe(), 0},
+      {TinyHfModel::olmoe().fp8(), 2},
       {TinyHfModel::mixtral(), 1},
       {TinyHfModel::glm4_moe(), 1},
       {TinyHfModel::glm4_moe().fp8(), 2},
@@ -159,6 +162,8 @@ void route_token(const TinyHfModel& m, const double* logits, const std::vector<d
       break;
     case ModelFamily::qwen2_moe:
     case ModelFamily::qwen3_moe:
+    case ModelFamily::qwen3_next:
+    case ModelFamily::olmoe:
       if (m.norm_topk_prob) divide = sum;
       break;
     case ModelFamily::mixtral:
@@ -201,7 +206,7 @@ std::vector<double> reference_output(const TinyHfModel& m, const HfCheckpoint& c
   };
   std::vector<double> out(static_cast<size_t>(kTokens * H), 0.0);
   std::vector<double> shared_gate;
-  if (m.family == ModelFamily::qwen2_moe) shared_gate = checkpoint.matrix(n.shared_gate());
+  if (m.qwen_shared_intermediate > 0) shared_gate = checkpoint.matrix(n.shared_gate());
   for (int64_t t = 0; t < kTokens; ++t) {
     const double* x = &hidden[t * H];
     double* y = &out[t * H];
@@ -482,6 +487,12 @@ INSTANTIATE_TEST_SUITE_P(
                     InspectCase{TinyHfModel::qwen2_moe(),
                                 {"family:  qwen2_moe", "MoE layers: 0-2 (3)", "bf16 weights",
                                  "1 shared expert(s) of I=192 with a sigmoid gate", "0 missing"}},
+                    InspectCase{TinyHfModel::qwen3_next(),
+                                {"family:  qwen3_next", "MoE layers: 0-2 (3)", "E=24 top-5",
+                                 "1 shared expert(s) of I=64 with a sigmoid gate", "0 missing"}},
+                    InspectCase{
+                        TinyHfModel::olmoe().fp8(),
+                        {"family:  olmoe", "MoE layers: 0-2 (3)", "e4m3 weights", "0 missing"}},
                     InspectCase{TinyHfModel::mixtral(),
                                 {"family:  mixtral", "MoE layers: 0-2 (3)", "E=8 top-2",
                                  "bf16 weights", "0 missing"}},

@@ -151,6 +151,12 @@ const std::vector<PublishedCase>& published_cases() {
        make_spec("qwen3_moe", 2048, 768, 128,
                  {.scoring = Scoring::softmax, .top_k = 8, .renormalize = true}),
        std::nullopt},
+      {"Qwen3Next80B", cfg::kQwen3Next80B, ModelFamily::qwen3_next, 48, range(0, 48),
+       make_spec("qwen3_next", 2048, 512, 512,
+                 {.scoring = Scoring::softmax, .top_k = 10, .renormalize = true}, 512, true),
+       std::nullopt},
+      {"Olmoe1B7B", cfg::kOlmoe1B7B, ModelFamily::olmoe, 16, range(0, 16),
+       make_spec("olmoe", 2048, 1024, 64, {.scoring = Scoring::softmax, .top_k = 8}), std::nullopt},
       {"Mixtral8x7B", cfg::kMixtral8x7B, ModelFamily::mixtral, 32, range(0, 32),
        make_spec("mixtral", 4096, 14336, 8,
                  {.scoring = Scoring::softmax, .top_k = 2, .renormalize = true}),
@@ -308,6 +314,18 @@ TEST(HfConfig, AbsentKeysTakeTheReferenceDefaults) {
   const HfModelConfig qwen2 = HfModelConfig::parse(R"({"model_type": "qwen2_moe"})");
   expect_same_spec(qwen2.spec, make_spec("qwen2_moe", 2048, 1408, 60,
                                          {.scoring = Scoring::softmax, .top_k = 4}, 5632, true));
+
+  const HfModelConfig next = HfModelConfig::parse(R"({"model_type": "qwen3_next"})");
+  expect_same_spec(
+      next.spec,
+      make_spec("qwen3_next", 2048, 512, 512,
+                {.scoring = Scoring::softmax, .top_k = 10, .renormalize = true}, 512, true));
+  EXPECT_EQ(next.num_layers, 48);
+
+  const HfModelConfig olmoe = HfModelConfig::parse(R"({"model_type": "olmoe"})");
+  expect_same_spec(olmoe.spec,
+                   make_spec("olmoe", 2048, 2048, 64, {.scoring = Scoring::softmax, .top_k = 8}));
+  EXPECT_EQ(olmoe.num_layers, 16);
 
   const HfModelConfig mixtral = HfModelConfig::parse(R"({"model_type": "mixtral"})");
   expect_same_spec(mixtral.spec,
@@ -533,7 +551,7 @@ const std::vector<Refusal>& refusals() {
       {"UnknownFamily",
        with(cfg::kMixtral8x7B, {{"model_type", "llama"}}),
        {"config.json: unknown model family 'llama' (known: deepseek_v2, deepseek_v3, kimi_k2, "
-        "qwen2_moe, qwen3_moe, mixtral, glm4_moe)"}},
+        "qwen2_moe, qwen3_moe, qwen3_next, mixtral, glm4_moe, olmoe)"}},
       {"NoModelType", without(cfg::kMixtral8x7B, "model_type"), {"missing key 'model_type'"}},
       {"NotJson", R"({"model_type": "mixtral",)", {"config.json: not valid JSON"}},
       {"NotAnObject", "[1, 2]", {"the top level must be an object"}},

@@ -106,7 +106,7 @@ struct TinyHfModel {
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
   int n_shared_experts = 0;              // DeepSeek/GLM: one MLP this many routed widths wide
-  int64_t qwen_shared_intermediate = 0;  // Qwen2-MoE's gated shared expert
+  int64_t qwen_shared_intermediate = 0;  // Qwen2-MoE's and Qwen3-Next's gated shared expert
   int num_layers = 3;
   int first_k_dense_replace = 0;  // layers below it are dense MLPs
   HfWeights weights = HfWeights::bf16;
@@ -167,6 +167,23 @@ struct TinyHfModel {
     m.family = ModelFamily::qwen3_moe;
     return m;
   }
+  static TinyHfModel qwen3_next() {
+    TinyHfModel m;
+    m.label = "qwen3_next";
+    m.family = ModelFamily::qwen3_next;
+    m.experts = 24;
+    m.top_k = 5;
+    m.qwen_shared_intermediate = 64;
+    return m;
+  }
+  // OLMoE as published: not renormalised.
+  static TinyHfModel olmoe() {
+    TinyHfModel m;
+    m.label = "olmoe";
+    m.family = ModelFamily::olmoe;
+    m.norm_topk_prob = false;
+    return m;
+  }
   static TinyHfModel mixtral() {
     TinyHfModel m;
     m.label = "mixtral";
@@ -204,8 +221,8 @@ struct TinyHfModel {
   bool is_fp8() const { return weights == HfWeights::fp8_block; }
   bool has_shared() const { return n_shared_experts > 0 || qwen_shared_intermediate > 0; }
   int64_t shared_intermediate() const {
-    return family == ModelFamily::qwen2_moe ? qwen_shared_intermediate
-                                            : intermediate * n_shared_experts;
+    return qwen_shared_intermediate > 0 ? qwen_shared_intermediate
+                                        : intermediate * n_shared_experts;
   }
   bool has_correction_bias() const {
     return family == ModelFamily::deepseek_v3 || family == ModelFamily::glm4_moe;
@@ -281,10 +298,14 @@ struct TinyHfModel {
         break;
       }
       case ModelFamily::qwen2_moe:
-      case ModelFamily::qwen3_moe: {
+      case ModelFamily::qwen3_moe:
+      case ModelFamily::qwen3_next: {
         const bool qwen2 = family == ModelFamily::qwen2_moe;
-        c["model_type"] = qwen2 ? "qwen2_moe" : "qwen3_moe";
-        c["architectures"] = {qwen2 ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM"};
+        const bool next = family == ModelFamily::qwen3_next;
+        c["model_type"] = std::string(family_name(family));
+        c["architectures"] = {qwen2  ? "Qwen2MoeForCausalLM"
+                              : next ? "Qwen3NextForCausalLM"
+                                     : "Qwen3MoeForCausalLM"};
         c["intermediate_size"] = 2 * intermediate;
         c["moe_intermediate_size"] = intermediate;
         c["num_experts"] = experts;
@@ -293,15 +314,29 @@ struct TinyHfModel {
         c["mlp_only_layers"] = json::array();
         c["output_router_logits"] = false;
         c["router_aux_loss_coef"] = 0.001;
-        if (qwen2) {
+        if (qwen2 || next) {
           c["shared_expert_intermediate_size"] = qwen_shared_intermediate;
           c["use_sliding_window"] = false;
-        } else {
+        }
+        if (next) {
+          c["full_attention_interval"] = 4;
+          c["linear_num_value_heads"] = 8;
+          c["partial_rotary_factor"] = 0.25;
+        } else if (!qwen2) {
           c["head_dim"] = 40;
           c["attention_bias"] = false;
         }
         break;
       }
+      case ModelFamily::olmoe:
+        c["model_type"] = "olmoe";
+        c["architectures"] = {"OlmoeForCausalLM"};
+        c["intermediate_size"] = intermediate;
+        c["num_experts"] = experts;
+        c["norm_topk_prob"] = norm_topk_prob;
+        c["clip_qkv"] = nullptr;
+        c["router_aux_loss_coef"] = 0.01;
+        break;
       case ModelFamily::mixtral:
         c["model_type"] = "mixtral";
         c["architectures"] = {"MixtralForCausalLM"};
@@ -360,7 +395,7 @@ class HfCheckpoint {
         c.add_mlp(model, *n.shared, "gate_proj", "up_proj", "down_proj",
                   model.shared_intermediate(), rng);
       }
-      if (model.family == ModelFamily::qwen2_moe) {
+      if (model.qwen_shared_intermediate > 0) {
         c.tensors[n.shared_gate() + ".weight"] =
             StoredTensor::of(normal({1, H}, 1.0 / std::sqrt(double(H)), rng), DType::bf16, {1, H});
       }

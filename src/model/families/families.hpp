@@ -18,6 +18,8 @@ void read_deepseek_v3(ConfigReader& reader, HfModelConfig& config);
 void read_glm4_moe(ConfigReader& reader, HfModelConfig& config);
 void read_qwen2_moe(ConfigReader& reader, HfModelConfig& config);
 void read_qwen3_moe(ConfigReader& reader, HfModelConfig& config);
+void read_qwen3_next(ConfigReader& reader, HfModelConfig& config);
 void read_mixtral(ConfigReader& reader, HfModelConfig& config);
+void read_olmoe(ConfigReader& reader, HfModelConfig& config);
 
 }  // namespace moekit
