@@ -114,6 +114,8 @@ struct CpuKernels {
   E4m3Rounding e4m3 = E4m3Rounding::scalar;
   // The integer kernels use vpdpwssd / vpdpbusd, else AVX2's pmaddwd / pmaddubsw.
   bool avx512_vnni = false;
+  // Streamed e4m3 rows widen each panel step in one AVX-512F vector, else in two of AVX2's.
+  bool e4m3_stream_avx512 = false;
   // GEMM rows with bf16 activations: AVX-512 BF16 dot products (bf16 weights, or e4m3 and
   // symmetric int4 widened exactly to bf16, their scales on the f32 sums of each group).
   bool bf16_gemm = false;

@@ -39,6 +39,14 @@ std::vector<FormatShape> format_shapes(bool w4a16_only = false) {
   return cases;
 }
 
+// The formats with e4m3 weights.
+std::vector<FormatShape> e4m3_format_shapes() {
+  std::vector<FormatShape> cases = format_shapes();
+  std::erase_if(cases,
+                [](const FormatShape& c) { return c.format.params.weight_dtype != DType::f8e4m3; });
+  return cases;
+}
+
 std::string format_shape_name(const ::testing::TestParamInfo<FormatShape>& info) {
   return info.param.format.name + "_" + info.param.shape.name;
 }
@@ -128,8 +136,8 @@ class StreamingKernel : public ::testing::TestWithParam<FormatShape> {
 };
 
 // Rows 1..kStreamRows through one pass, over w13 (K = H) and w2 (K = I), every panel.
-TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
-  const auto& [format, shape] = GetParam();
+void expect_stream_matches_a_double_loop(const FormatShape& param, cpu::E4m3Stream e4m3) {
+  const auto& [format, shape] = param;
   const TwoLayouts w(format.params, 1, shape.hidden, shape.intermediate, 7);
   const CoreWeights packed = w.packed.apply();
   for (const PanelMatrix& m :
@@ -148,7 +156,7 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
       }
       const int64_t ldy = m.panels() * cpu::kPanelRows;
       std::vector<float> y(rows * ldy, std::numeric_limits<float>::quiet_NaN());
-      cpu::stream_panels(m, 0, m.panels(), in, y.data(), ldy);
+      cpu::stream_panels(m, 0, m.panels(), in, y.data(), ldy, e4m3);
       for (int r = 0; r < rows; ++r) {
         for (int64_t n = 0; n < ldy; ++n) {
           const double want = naive_dot(m, n, in.x[r]);
@@ -160,8 +168,27 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
   }
 }
 
+TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
+  expect_stream_matches_a_double_loop(GetParam(), cpu::E4m3Stream::avx2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, StreamingKernel, ::testing::ValuesIn(format_shapes()),
                          format_shape_name);
+
+// The e4m3 kernel on AVX-512F vectors, where the plan picks it.
+class E4m3Avx512StreamingKernel : public StreamingKernel {
+ protected:
+  void SetUp() override {
+    if (!Platform::probe().avx512f) GTEST_SKIP() << "this machine has no AVX-512F";
+  }
+};
+
+TEST_P(E4m3Avx512StreamingKernel, MatchesADoubleLoopForEachRowCount) {
+  expect_stream_matches_a_double_loop(GetParam(), cpu::E4m3Stream::avx512);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, E4m3Avx512StreamingKernel,
+                         ::testing::ValuesIn(e4m3_format_shapes()), format_shape_name);
 
 // The int16 kernel's dot product instructions this CPU has: pmaddwd always (AVX2), vpdpwssd
 // where AVX-512 VNNI is present.
@@ -429,6 +456,21 @@ TEST(KernelChoice, E4m3RoundingTakesTheWidestVectors) {
   EXPECT_EQ(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3, E4m3Rounding::avx2);
   platform.avx512f = true;
   EXPECT_EQ(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3, E4m3Rounding::avx512);
+}
+
+// Streamed e4m3 rows take AVX-512F vectors where the CPU has them; other weights never do.
+TEST(KernelChoice, E4m3RowsStreamOnAvx512fWhereTheCpuHasIt) {
+  Platform platform = Platform::cpu_only(1);
+  platform.avx2 = platform.fma = platform.f16c = true;
+  const QuantParams fp8 = QuantParams::Fp8Block(128);
+  EXPECT_FALSE(cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8).e4m3_stream_avx512);
+  platform.avx512f = true;
+  const CpuKernels k = cpu::choose_cpu_kernels(platform, ModelSpec::demo(), fp8);
+  EXPECT_TRUE(k.e4m3_stream_avx512);
+  EXPECT_NE(cpu::describe(k).find("e4m3 rows streamed on AVX-512F"), std::string::npos);
+  EXPECT_FALSE(cpu::choose_cpu_kernels(platform, ModelSpec::demo(),
+                                       QuantParams::Unquantized(WeightFormat::bf16))
+                   .e4m3_stream_avx512);
 }
 
 TEST(KernelChoice, IsPortableWithoutAvx2FmaAndF16c) {

@@ -122,6 +122,7 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
   // vectors it uses, so the widest the CPU has.
   k.e4m3 = platform.avx512f ? E4m3Rounding::avx512 : E4m3Rounding::avx2;
   k.avx512_vnni = platform.avx512_vnni;
+  k.e4m3_stream_avx512 = platform.avx512f && q.weight_dtype == DType::f8e4m3;
   std::string reads;
   const bool bf16_format = bf16_gemm_reads(spec, q, reads);
   k.bf16_gemm = platform.avx512_bf16 && bf16_format;
@@ -170,6 +171,7 @@ std::string describe(const CpuKernels& k) {
         int4_rows_name(k.routed_int4.f32), int4_rows_name(k.routed_int4.half),
         k.avx512_vnni ? "AVX-512 VNNI" : "AVX2 (pmaddwd / pmaddubsw)");
   }
+  if (k.e4m3_stream_avx512) text += "; e4m3 rows streamed on AVX-512F vectors";
   return text;
 }
 

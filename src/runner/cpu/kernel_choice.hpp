@@ -26,7 +26,8 @@ namespace moekit::cpu {
 //   K or group of the layer is not in whole int4 blocks or is too long for exact integer sums;
 // - the integer kernels' dot products: AVX-512 VNNI where the CPU has it;
 // - the fp8 formats' e4m3 rounding of GEMM inputs: AVX-512F where the CPU has it, else AVX2
-//   (the scalar reference's values either way, e4m3_rows.hpp).
+//   (the scalar reference's values either way, e4m3_rows.hpp);
+// - streamed e4m3 rows: AVX-512F where the CPU has it (one vector per panel step), else AVX2.
 CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
                               const QuantParams& q);
 

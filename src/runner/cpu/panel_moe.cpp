@@ -327,8 +327,9 @@ struct Inputs {
   const float* sums;
   int64_t steps;
   Int4Rows stream;
-  bool vnni;  // the integer kernels take AVX-512 VNNI's dot products
-  bool bf16;  // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
+  bool vnni;        // the integer kernels take AVX-512 VNNI's dot products
+  E4m3Stream e4m3;  // the streamed e4m3 kernel (CpuKernels::e4m3_stream_avx512)
+  bool bf16;        // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
   // fp8 on the bf16 GEMM: row r's scales at scales + r * groups (InputScales), else null.
   const float* scales;
   int64_t groups;
@@ -338,6 +339,10 @@ struct Inputs {
   const bf16_t* hidden = nullptr;
   const int32_t* out_row = nullptr;
 };
+
+E4m3Stream e4m3_stream(const CpuKernels& kernels) {
+  return kernels.e4m3_stream_avx512 ? E4m3Stream::avx512 : E4m3Stream::avx2;
+}
 
 // Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
 void quantize_rows(const PanelMatrix& m, const Inputs& in, int64_t r0, int64_t r1,
@@ -448,7 +453,7 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
           x.x[i] = in.x + (rc + i) * in.ldx;
           if (in.steps > 0) x.x_sums[i] = in.sums + (rc + i) * in.steps;
         }
-        stream_panels(m, pc, pe, x, scratch.y, kChunkColumns);
+        stream_panels(m, pc, pe, x, scratch.y, kChunkColumns, in.e4m3);
       }
       done(rc, rows, pc, pe, scratch.y, kChunkColumns);
     }
@@ -486,8 +491,8 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     if (r0 == r1) continue;
     multiply(w13.slot(slot), p0, p1,
              {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              bf16_inputs(rows), s.x_scales, hidden_groups_, s.x_int8.matrix(),
-              from_hidden ? rows.hidden_bf16 : nullptr, rows.out_row},
+              e4m3_stream(kernels_), bf16_inputs(rows), s.x_scales, hidden_groups_,
+              s.x_int8.matrix(), from_hidden ? rows.hidden_bf16 : nullptr, rows.out_row},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
@@ -539,7 +544,8 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     }
     multiply(w2.slot(slot), p0, p1,
              {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              bf16_inputs(rows), s.act_scales, intermediate_groups_, s.act_int8.matrix()},
+              e4m3_stream(kernels_), bf16_inputs(rows), s.act_scales, intermediate_groups_,
+              s.act_int8.matrix()},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                const int64_t n0 = pc * kPanelRows;

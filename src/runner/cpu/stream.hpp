@@ -24,10 +24,15 @@ struct StreamRows {
   const float* x_sums[kStreamRows] = {};  // int4 only: step_sums() of each row
 };
 
+// The vectors e4m3 weights are widened in: AVX2's (two per panel step), or one AVX-512F vector
+// per step (a third of the instructions per code; CpuKernels::e4m3_stream_avx512).
+enum class E4m3Stream { avx2, avx512 };
+
 // y[r * ldy + 16 * (p - p_begin) + j] = sum_k x[r][k] * w(16 p + j, k) for r < rows.m, panels
-// p in [p_begin, p_end) and j < 16 (rows past w.n give 0).
+// p in [p_begin, p_end) and j < 16 (rows past w.n give 0). `e4m3` picks the e4m3 kernel (other
+// dtypes ignore it); avx512 needs AVX-512F on this CPU.
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
-                   float* y, int64_t ldy);
+                   float* y, int64_t ldy, E4m3Stream e4m3 = E4m3Stream::avx2);
 
 // Rows quantised to int16 (quantize_int16) for int4 weights: q ~ x / scale per scale step of
 // the weights, with each step's scale and the sum of its q.

@@ -11,6 +11,7 @@
 #include "quant/activation_quant.hpp"
 #include "runner/cpu/int4_avx2.hpp"
 #include "runner/cpu/stream.hpp"
+#include "runner/cpu/stream_e4m3.hpp"
 #include "runner/cpu/stream_int16.hpp"
 #include "runner/cpu/stream_int8.hpp"
 
@@ -247,7 +248,7 @@ void panels_dtype(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const St
 }  // namespace
 
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
-                   float* y, int64_t ldy) {
+                   float* y, int64_t ldy, E4m3Stream e4m3) {
   switch (w.dtype) {
     case DType::f32:
       return panels_dtype<DType::f32>(w, p_begin, p_end, rows, y, ldy);
@@ -256,6 +257,9 @@ void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const S
     case DType::f16:
       return panels_dtype<DType::f16>(w, p_begin, p_end, rows, y, ldy);
     case DType::f8e4m3:
+      if (e4m3 == E4m3Stream::avx512) {
+        return stream_panels_e4m3_avx512(w, p_begin, p_end, rows, y, ldy);
+      }
       return panels_dtype<DType::f8e4m3>(w, p_begin, p_end, rows, y, ldy);
     case DType::i4:
       return panels_dtype<DType::i4>(w, p_begin, p_end, rows, y, ldy);
