@@ -32,7 +32,7 @@ enum class E4m3Stream { avx2, avx512 };
 // p in [p_begin, p_end) and j < 16 (rows past w.n give 0). `e4m3` picks the e4m3 kernel (other
 // dtypes ignore it); avx512 needs AVX-512F on this CPU.
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
-                   float* y, int64_t ldy, E4m3Stream e4m3 = E4m3Stream::avx2);
+                   float* y, int64_t ldy, E4m3Stream e4m3);
 
 // Rows quantised to int16 (quantize_int16) for int4 weights: q ~ x / scale per scale step of
 // the weights, with each step's scale and the sum of its q.
