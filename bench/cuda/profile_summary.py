@@ -3,8 +3,12 @@
 nsys: the cuda_gpu_trace CSV (Start and Duration in ns, Name). A forward is a run of kernels
 between the bench's copies and memsets (logits, poisoned output, L2 flush before every repeat);
 the last forward of each shape is printed: each kernel's start from the forward's first kernel, its duration, the gap
-before it. ncu: mean duration per kernel name, in launch order.
+before it. ncu: mean duration per kernel name, in launch order. stalls: ncu's raw page with
+the SpeedOfLight and WarpStateStats sections: per kernel name, in launch order, the mean
+duration, DRAM throughput, instructions executed and the four main stall reasons (warp cycles
+per issued instruction spent in each).
 """
+import re
 import csv
 import sys
 from collections import OrderedDict
@@ -61,5 +65,30 @@ def ncu(path):
         print(f"{sum(values) / len(values):9.1f} us x{len(values):4d}  {name}")
 
 
+def stalls(path):
+    lines = [l for l in open(path) if l.startswith('"')]
+    rows = list(csv.DictReader(lines))[1:]  # the first row holds the units
+    stall = re.compile(r"smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio$")
+
+    def number(text):
+        try:
+            return float(text.replace(",", ""))
+        except (AttributeError, ValueError):
+            return 0.0
+
+    kernels = OrderedDict()
+    for r in rows:
+        kernels.setdefault(short(r["Kernel Name"]), []).append(r)
+    print(f"{'us':>8} {'n':>4} {'dram%':>6} {'inst':>9}  kernel: stalls (cycles per issue)")
+    for name, rs in kernels.items():
+        mean = lambda key: sum(number(r.get(key)) for r in rs) / len(rs)
+        reasons = sorted(((mean(k), m.group(1)) for k in rs[0] if (m := stall.match(k))), reverse=True)
+        top = ", ".join(f"{why} {v:.1f}" for v, why in reasons[:4])
+        us = mean("gpu__time_duration.sum") / 1e3
+        dram = mean("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+        inst = mean("smsp__inst_executed.sum")
+        print(f"{us:8.1f} {len(rs):4d} {dram:6.1f} {inst:9.0f}  {name}: {top}")
+
+
 if __name__ == "__main__":
-    {"nsys": nsys, "ncu": ncu}[sys.argv[1]](sys.argv[2])
+    {"nsys": nsys, "ncu": ncu, "stalls": stalls}[sys.argv[1]](sys.argv[2])
