@@ -3,14 +3,16 @@
 // is compiled for AVX-512 F, VL and VNNI, and stream_panels_int16 and stream_panels_int8
 // (stream_avx2.cpp) call them only where Platform::avx512_vnni is true.
 //
-// The int16 kernel runs on 512-bit vectors, two int4 blocks (8 k) per load: at one row the
-// 256-bit kernel of stream_int16.hpp unpacks and multiplies at ~16 GB/s per core with the
-// weights in cache (measured on a Zen 5 VM), about what one core's share of memory delivers, so
-// the weights' stream waited on the arithmetic; this one issues half the instructions per byte.
-// Lanes 0-7 of a vector hold rows 0-7 (or 8-15) at the first block's k, lanes 8-15 the same
-// rows at the second block's, so each 256-bit half is the 256-bit kernel's vector of its block;
-// the halves are added at the end of each scale step. 32-bit shifts (AVX-512 F) stand in for
-// the 16-bit ones: the nibbles taken never cross a 16-bit lane.
+// Both run on 512-bit vectors, two int4 blocks (8 k) per load: at one row the 256-bit int16
+// kernel of stream_int16.hpp unpacks and multiplies at ~16 GB/s per core with the weights in
+// cache (measured on a Zen 5 VM), about what one core's share of memory delivers, so the
+// weights' stream waited on the arithmetic; these issue about half the instructions per byte
+// (the int8 one since stop 29: one core of a Zen 4 VM, one expert's w13 in cache, 16-24% less
+// time than the 256-bit int8 kernel at 1 and 4 rows). Lanes 0-7 of a vector hold rows 0-7 (or
+// 8-15) at the first block's k, lanes 8-15 the same rows at the second block's, so each 256-bit
+// half is the 256-bit kernel's vector of its block; the halves are added at the end of each
+// scale step. 32-bit shifts (AVX-512 F) stand in for the 16-bit ones: the nibbles taken never
+// cross a 16-bit lane (the int8 kernel masks each byte after its shift).
 
 #include <immintrin.h>
 
@@ -21,16 +23,6 @@
 
 namespace moekit::cpu {
 namespace {
-
-// Sums go straight to int32 (at most 4 x 15 x 127 per block), so a run is a whole step.
-struct VnniByteDot {
-  static constexpr int64_t kRunK = kInt8MaxStep;
-  static __m256i zero() { return _mm256_setzero_si256(); }
-  static __m256i dot(__m256i part, __m256i codes, __m256i x) {
-    return _mm256_dpbusd_epi32(part, codes, x);
-  }
-  static __m256i add_to(__m256i sum, __m256i part) { return _mm256_add_epi32(sum, part); }
-};
 
 // Every lane. The zero-masked forms of the shifts, permutes and extracts: GCC 12's unmasked
 // ones pass an undefined vector through, which -Wmaybe-uninitialized reports.
@@ -117,6 +109,77 @@ void int4_panel_int16_512(const PanelMatrix& w, int64_t p, const Int16Rows& rows
   }
 }
 
+// int4_panel_int8 (stream_int8.hpp) on 512-bit vectors: the same exact int32 sums (at most
+// 4 x 15 x 127 per block, so a whole step of at most kInt8MaxStep values sums without a wrap)
+// and the same scale step arithmetic. Each row's two 4-byte activation blocks go to the halves
+// of a vector by one vpermd; one or two rows keep a second set of sums for every other load, so
+// that chains of dependent dot products stay short.
+template <int M>
+void int4_panel_int8_512(const PanelMatrix& w, int64_t p, const Int8Rows& rows, float* y,
+                         int64_t ldy) {
+  constexpr int kSets = M <= 2 ? 2 : 1;
+  const __m512i nibble = _mm512_set1_epi32(0x0F0F0F0F);
+  const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const uint8_t* panel = w.panel(p);
+  __m256 out_lo[M], out_hi[M];
+  for (int r = 0; r < M; ++r) out_lo[r] = out_hi[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.scale_steps(); ++g) {
+    const int64_t k0 = g * w.group_k;
+    const int64_t k1 = std::min(w.k, k0 + w.group_k);
+    __m512i lo[kSets][M], hi[kSets][M];
+#pragma GCC unroll 8
+    for (int i = 0; i < kSets * M; ++i) {
+      lo[i / M][i % M] = hi[i / M][i % M] = _mm512_setzero_si512();
+    }
+    const uint8_t* codes = panel + k0 / kInt4BlockK * kInt4BlockBytes;
+    // Two blocks at k (one: the second's codes and activations are zeros).
+    const auto blocks = [&](__m512i v, int64_t k, int set, bool one) {
+      const __m512i rows_lo = _mm512_and_si512(v, nibble);
+      const __m512i rows_hi = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, v, 4), nibble);
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) {
+        const __m128i pair = one ? _mm_loadu_si32(rows.q[r] + k)
+                                 : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows.q[r] + k));
+        const __m512i x =
+            _mm512_maskz_permutexvar_epi32(kAll, halves, _mm512_zextsi128_si512(pair));
+        lo[set][r] = _mm512_dpbusd_epi32(lo[set][r], rows_lo, x);
+        hi[set][r] = _mm512_dpbusd_epi32(hi[set][r], rows_hi, x);
+      }
+    };
+    constexpr int64_t kLoadK = 2 * kInt4BlockK, kLoadBytes = 2 * kInt4BlockBytes;
+    int64_t k = k0;
+    if constexpr (kSets == 2) {
+      for (; k + 2 * kLoadK <= k1; k += 2 * kLoadK, codes += 2 * kLoadBytes) {
+        _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
+        blocks(_mm512_loadu_si512(codes), k, 0, false);
+        _mm_prefetch(reinterpret_cast<const char*>(codes + kLoadBytes + kStreamPrefetchBytes),
+                     _MM_HINT_T0);
+        blocks(_mm512_loadu_si512(codes + kLoadBytes), k + kLoadK, 1, false);
+      }
+    }
+    for (; k + kLoadK <= k1; k += kLoadK, codes += kLoadBytes) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
+      blocks(_mm512_loadu_si512(codes), k, 0, false);
+    }
+    if (k < k1) blocks(_mm512_maskz_loadu_epi32(0x00FF, codes), k, 0, true);
+    const Int4StepScales scales = int4_step_scales(w, p, g);
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) {
+      __m512i sum_lo = lo[0][r], sum_hi = hi[0][r];
+      if constexpr (kSets == 2) {
+        sum_lo = _mm512_add_epi32(sum_lo, lo[1][r]);
+        sum_hi = _mm512_add_epi32(sum_hi, hi[1][r]);
+      }
+      add_integer_step(scales, add_halves(sum_lo), add_halves(sum_hi), rows.sums[r] + g,
+                       rows.scale[r] + g, out_lo[r], out_hi[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_ps(y + r * ldy, out_lo[r]);
+    _mm256_storeu_ps(y + r * ldy + kHalfPanel, out_hi[r]);
+  }
+}
+
 }  // namespace
 
 void stream_panels_int16_vnni(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
@@ -130,7 +193,11 @@ void stream_panels_int16_vnni(const PanelMatrix& w, int64_t p_begin, int64_t p_e
 
 void stream_panels_int8_vnni(const PanelMatrix& w, int64_t p_begin, int64_t p_end,
                              const Int8Rows& rows, float* y, int64_t ldy) {
-  stream_int8<VnniByteDot>(w, p_begin, p_end, rows, y, ldy);
+  for_row_count(rows.m, [&]<int M>() {
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      int4_panel_int8_512<M>(w, p, rows, y + (p - p_begin) * kPanelRows, ldy);
+    }
+  });
 }
 
 }  // namespace moekit::cpu

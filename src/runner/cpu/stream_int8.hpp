@@ -1,10 +1,11 @@
 #pragma once
 // The int4 x int8 streaming kernel (stream_panels_int8), for int4-group weights whose format
-// quantises activations to int8 (QuantParams::Int4GroupA8). Written once over the instruction
-// that multiplies unsigned codes by signed activations four bytes at a time: pmaddubsw into 16-bit
-// partial sums on AVX2 (stream_avx2.cpp), vpdpbusd straight into int32 with AVX-512 VNNI
-// (stream_avx512vnni.cpp). Include it only from files compiled for AVX2 or more; as in
-// int4_avx2.hpp, everything here has internal linkage.
+// quantises activations to int8 (QuantParams::Int4GroupA8). Written over the instruction that
+// multiplies unsigned codes by signed activations four bytes at a time: pmaddubsw into 16-bit
+// partial sums on AVX2 (stream_avx2.cpp); with AVX-512 VNNI the 512-bit form of
+// stream_avx512vnni.cpp (vpdpbusd straight into int32, two blocks per load) runs instead.
+// Include it only from files compiled for AVX2 or more; as in int4_avx2.hpp, everything here
+// has internal linkage.
 //
 // Why the int4 blocks suit it: byte 2 l + b of a block holds, in its low nibble, row l / 2 at
 // k = 2 b + l % 2, and in its high nibble row l / 2 + 8 at the same k (panels.hpp). So one mask
