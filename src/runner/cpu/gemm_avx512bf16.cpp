@@ -301,7 +301,11 @@ void tile(const TileIn& in, const TileOut& out) {
         const bool whole = p < P - 1 || out.last_cols == kStep;
         const auto cols = static_cast<__mmask16>(whole ? 0xFFFF : (1u << out.last_cols) - 1);
         const __m512 before = add ? _mm512_maskz_loadu_ps(cols, dst) : _mm512_setzero_ps();
-        sum = kScaled ? _mm512_fmadd_ps(sum, scale[p], before) : _mm512_add_ps(sum, before);
+        if constexpr (kScaled) {
+          sum = _mm512_fmadd_ps(sum, scale[p], before);
+        } else {
+          sum = _mm512_add_ps(sum, before);  // bf16: no scales (scale[] is never set)
+        }
         if (whole) {
           _mm512_storeu_ps(dst, sum);
         } else {
