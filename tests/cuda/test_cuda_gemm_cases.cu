@@ -416,8 +416,7 @@ CaseResult run_case(const GemmCase& c) {
          .act = act.as<void>(),
          .quantized = quantized,
          .choice = choice,
-         .split = gemm1_split,
-         .entries = {}},
+         .split = gemm1_split},
         nullptr);
   };
   const auto run = [&]() {
@@ -451,8 +450,7 @@ CaseResult run_case(const GemmCase& c) {
                                      .route_weight = d_route->as<float>(),
                                      .out = out.as<float>(),
                                      .choice = choice,
-                                     .split = gemm2_split,
-                                     .entries = {}},
+                                     .split = gemm2_split},
                                     nullptr);
     check(cudaDeviceSynchronize(), c.name.c_str());
   };
