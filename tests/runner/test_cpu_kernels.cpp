@@ -175,6 +175,54 @@ TEST_P(StreamingKernel, MatchesADoubleLoopForEachRowCount) {
 INSTANTIATE_TEST_SUITE_P(Formats, StreamingKernel, ::testing::ValuesIn(format_shapes()),
                          format_shape_name);
 
+// Every e4m3 code but the two NaNs (which no quantisation writes), subnormals and both zeros
+// included: a panel of 16 k whose step k holds codes 16 k to 16 k + 15, scaled per row by powers
+// of two and by 0.75, streamed against one-hot rows, gives each code's value times its scale,
+// rounded once, exactly as panel_value reads it.
+void expect_every_e4m3_code_streams_as_its_value(cpu::E4m3Stream e4m3) {
+  constexpr int64_t K = 16;
+  alignas(64) uint8_t codes[K * cpu::kPanelRows];
+  for (int i = 0; i < K * cpu::kPanelRows; ++i) {
+    codes[i] = (i & 0x7F) == 0x7F ? 0 : static_cast<uint8_t>(i);
+  }
+  std::vector<float> scale(cpu::kPanelRows);
+  for (int j = 0; j < cpu::kPanelRows; ++j) scale[j] = std::ldexp(j % 2 ? 0.75f : 1.0f, j - 8);
+  const PanelMatrix m{.dtype = DType::f8e4m3,
+                      .data = codes,
+                      .n = cpu::kPanelRows,
+                      .k = K,
+                      .group_k = K,
+                      .scale = scale.data()};
+  for (int rows = 1; rows <= cpu::kStreamRows; ++rows) {
+    for (int64_t hot = 0; hot < K; ++hot) {
+      std::vector<float> x(K, 0.0f);
+      x[hot] = 1.0f;
+      cpu::StreamRows in;
+      in.m = rows;
+      for (int r = 0; r < rows; ++r) in.x[r] = x.data();
+      std::vector<float> y(rows * cpu::kPanelRows, std::numeric_limits<float>::quiet_NaN());
+      cpu::stream_panels(m, 0, 1, in, y.data(), cpu::kPanelRows, e4m3);
+      for (int r = 0; r < rows; ++r) {
+        for (int j = 0; j < cpu::kPanelRows; ++j) {
+          ASSERT_EQ(y[r * cpu::kPanelRows + j], cpu::panel_value(m, j, hot))
+              << "code 0x" << std::hex << int{codes[hot * cpu::kPanelRows + j]} << std::dec
+              << ", rows " << rows;
+        }
+      }
+    }
+  }
+}
+
+TEST(E4m3StreamingKernel, StreamsEveryFiniteCodeAsItsValue) {
+  if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
+  expect_every_e4m3_code_streams_as_its_value(cpu::E4m3Stream::avx2);
+}
+
+TEST(E4m3StreamingKernel, StreamsEveryFiniteCodeAsItsValueOnAvx512) {
+  if (!Platform::probe().avx512f) GTEST_SKIP() << "this machine has no AVX-512F";
+  expect_every_e4m3_code_streams_as_its_value(cpu::E4m3Stream::avx512);
+}
+
 // The e4m3 kernel on AVX-512F vectors, where the plan picks it.
 class E4m3Avx512StreamingKernel : public StreamingKernel {
  protected:

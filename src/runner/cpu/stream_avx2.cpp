@@ -59,19 +59,25 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
     hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16)));
   } else {
     static_assert(D == DType::f8e4m3, "int4 panels have kernels of their own");
-    // Exponent and mantissa move to the f32 fields (bits 20-26 to 23-30 after the 2^120 bias
-    // multiply, which also turns e4m3 subnormals into the right normal f32); the sign to bit 31.
-    const auto one = [](__m256i v) {
-      const __m256i mag = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(0x07F00000));
-      const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(v, 24),
-                                            _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-      return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
-                           _mm256_set1_ps(0x1p120f));
-    };
-    lo = one(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(step))));
-    hi = one(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(step + 8))));
+    // The 16 codes as f16 bits (sign to bit 15, exponent and mantissa to bits 7-13), widened by
+    // F16C: each f16 is its code's value times 2^-8 (the exponent biases differ by 8, and e4m3
+    // subnormals land on f16 subnormals of the same mantissa), which kE4m3Unit puts back in the
+    // step's scale. Ten vector instructions for 16 codes where building the f32 bits took 16:
+    // that arithmetic bounds the AVX2 stream at T = 1 (docs/PERFORMANCE.md, session 16).
+    const __m256i code =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(code, 8),
+                                          _mm256_set1_epi16(static_cast<int16_t>(0x8000)));
+    const __m256i magnitude =
+        _mm256_and_si256(_mm256_slli_epi16(code, 7), _mm256_set1_epi16(0x3F80));
+    const __m256i half = _mm256_or_si256(sign, magnitude);
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   }
 }
+
+// What widen<f8e4m3>'s values are to be multiplied by: 2^8, exact, applied with the scale.
+constexpr float kE4m3Unit = 256.0f;
 
 constexpr int64_t kCacheLine = 64;
 
@@ -136,8 +142,10 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
       }
       if constexpr (kQuantized) {
         const float* scale = w.panel_scale(p) + g * kPanelRows;
-        out_lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale), lo, out_lo[r]);
-        out_hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scale + kHalfPanel), hi, out_hi[r]);
+        const __m256 unit = _mm256_set1_ps(kE4m3Unit);
+        out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(scale), unit), lo, out_lo[r]);
+        out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + kHalfPanel), unit), hi,
+                                    out_hi[r]);
       } else {
         out_lo[r] = lo;
         out_hi[r] = hi;
