@@ -3,9 +3,10 @@
 // calls it only where the plan chose it (Platform::avx512f).
 //
 // A panel step, the 16 rows' codes at one k, is one vector, widened in four instructions where
-// the AVX2 kernel spends seven on each half: at one row that widening, not memory, set the
-// AVX2 kernel's pace (Qwen3-30B-A3B fp8 at T = 1 streamed at 24-50% of the read bandwidth on
-// Xeon VMs, where bf16 streamed at ~88%).
+// the AVX2 kernel spends ten on its two halves (sixteen before session 16 of
+// docs/PERFORMANCE.md): at one row that widening, not memory, set the AVX2 kernel's pace
+// (Qwen3-30B-A3B fp8 at T = 1 streamed at 24-50% of the read bandwidth on Xeon VMs, where bf16
+// streamed at ~88%).
 
 #include <immintrin.h>
 
@@ -20,7 +21,7 @@ namespace {
 // 16 e4m3 codes as f32. Sign-extended and shifted left by 20, a code's exponent and mantissa
 // sit in f32 bits 20-26 and copies of its sign in bits 27-31, of which the mask keeps bit 31;
 // the 2^120 multiply turns the exponent's bias of 7 into f32's 127 and e4m3 subnormals into
-// the right normal f32 (as the AVX2 kernel's widen<f8e4m3>).
+// the right normal f32, so the values need no factor in the scales.
 // The zero-masked forms of the conversion and the shift over every lane: GCC 12's unmasked ones
 // pass an undefined vector through, which -Wmaybe-uninitialized reports.
 constexpr __mmask16 kAll = 0xFFFF;
