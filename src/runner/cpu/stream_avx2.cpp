@@ -59,18 +59,17 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
     hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16)));
   } else {
     static_assert(D == DType::f8e4m3, "int4 panels have kernels of their own");
-    // The 16 codes as f16 bits (sign to bit 15, exponent and mantissa to bits 7-13), widened by
-    // F16C: each f16 is its code's value times 2^-8 (the exponent biases differ by 8, and e4m3
-    // subnormals land on f16 subnormals of the same mantissa), which kE4m3Unit puts back in the
-    // step's scale. Ten vector instructions for 16 codes where building the f32 bits took 16:
-    // that arithmetic bounds the AVX2 stream at T = 1 (docs/PERFORMANCE.md, session 16).
+    // The 16 codes as f16 bits, widened by F16C: sign-extended to 16 bits and shifted left by 7,
+    // a code's exponent and mantissa sit in f16 bits 7-13 and copies of its sign in bits 14-15,
+    // of which the mask keeps bit 15. Each f16 is its code's value times 2^-8 (the exponent
+    // biases differ by 8, and e4m3 subnormals land on f16 subnormals of the same mantissa),
+    // which kE4m3Unit puts back in the step's scale. Seven vector instructions for 16 codes
+    // where building the f32 bits took 16: that arithmetic bounds the AVX2 stream at T = 1
+    // (docs/PERFORMANCE.md, session 16).
     const __m256i code =
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(code, 8),
-                                          _mm256_set1_epi16(static_cast<int16_t>(0x8000)));
-    const __m256i magnitude =
-        _mm256_and_si256(_mm256_slli_epi16(code, 7), _mm256_set1_epi16(0x3F80));
-    const __m256i half = _mm256_or_si256(sign, magnitude);
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(code, 7),
+                                          _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
     lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
     hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   }
