@@ -48,7 +48,7 @@ def main():
                 if not result.get("ok", False):
                     failed.add((side, key(result)))
     cases = sorted(set(times["a"]) | set(times["b"]), key=str)
-    print(f"| case | weights | T | routing | A us (rounds) | B us (rounds) | B / A |")
+    print("| case | weights | T | routing | A us (rounds) | B us (rounds) | B / A |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     status = 1 if missing_run or failed else 0
     for k in cases:

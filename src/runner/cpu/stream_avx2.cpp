@@ -64,8 +64,8 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
     // of which the mask keeps bit 15. Each f16 is its code's value times 2^-8 (the exponent
     // biases differ by 8, and e4m3 subnormals land on f16 subnormals of the same mantissa),
     // which kE4m3Unit puts back in the step's scale. Seven vector instructions for 16 codes
-    // where building the f32 bits took 16: that arithmetic bounds the AVX2 stream at T = 1
-    // (docs/PERFORMANCE.md, session 16).
+    // where building the f32 bits took 16: that arithmetic bounded the AVX2 stream at T = 1 and
+    // 16 (docs/PERFORMANCE.md, session 16).
     const __m256i code =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
     const __m256i half = _mm256_and_si256(_mm256_slli_epi16(code, 7),
@@ -131,6 +131,14 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
         hi_acc[r][0] = _mm256_fmadd_ps(hi, x, hi_acc[r][0]);
       }
     }
+    // The step's scales (e4m3), with kE4m3Unit, once for every row.
+    __m256 scale_lo = _mm256_setzero_ps(), scale_hi = _mm256_setzero_ps();
+    if constexpr (kQuantized) {
+      const float* scale = w.panel_scale(p) + g * kPanelRows;
+      const __m256 unit = _mm256_set1_ps(kE4m3Unit);
+      scale_lo = _mm256_mul_ps(_mm256_loadu_ps(scale), unit);
+      scale_hi = _mm256_mul_ps(_mm256_loadu_ps(scale + kHalfPanel), unit);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       __m256 lo = lo_acc[r][0], hi = hi_acc[r][0];
@@ -140,11 +148,8 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
         hi = _mm256_add_ps(hi, hi_acc[r][u]);
       }
       if constexpr (kQuantized) {
-        const float* scale = w.panel_scale(p) + g * kPanelRows;
-        const __m256 unit = _mm256_set1_ps(kE4m3Unit);
-        out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(scale), unit), lo, out_lo[r]);
-        out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(scale + kHalfPanel), unit), hi,
-                                    out_hi[r]);
+        out_lo[r] = _mm256_fmadd_ps(scale_lo, lo, out_lo[r]);
+        out_hi[r] = _mm256_fmadd_ps(scale_hi, hi, out_hi[r]);
       } else {
         out_lo[r] = lo;
         out_hi[r] = hi;

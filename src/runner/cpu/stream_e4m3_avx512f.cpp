@@ -3,7 +3,7 @@
 // calls it only where the plan chose it (Platform::avx512f).
 //
 // A panel step, the 16 rows' codes at one k, is one vector, widened in four instructions where
-// the AVX2 kernel spends ten on its two halves (sixteen before session 16 of
+// the AVX2 kernel spends seven on its two halves (sixteen before session 16 of
 // docs/PERFORMANCE.md): at one row that widening, not memory, set the AVX2 kernel's pace
 // (Qwen3-30B-A3B fp8 at T = 1 streamed at 24-50% of the read bandwidth on Xeon VMs, where bf16
 // streamed at ~88%).
