@@ -128,6 +128,25 @@ double abs_dot(const PanelMatrix& w, int64_t n, const float* x) {
   return sum;
 }
 
+// Streams `in` over panels [p_begin, p_end) of m: e4m3 weights through the kernel `e4m3` names
+// (AVX2's over the rows expanded for it), other dtypes through stream_panels.
+void stream(const PanelMatrix& m, int64_t p_begin, int64_t p_end, const cpu::StreamRows& in,
+            float* y, int64_t ldy, cpu::E4m3Stream e4m3) {
+  if (m.dtype != DType::f8e4m3 || e4m3 == cpu::E4m3Stream::avx512) {
+    cpu::stream_panels(m, p_begin, p_end, in, y, ldy);
+    return;
+  }
+  const int64_t floats = cpu::e4m3_expanded_floats(m.k);
+  std::vector<float> expanded(cpu::kStreamRows * floats, std::numeric_limits<float>::quiet_NaN());
+  cpu::E4m3Rows rows;
+  rows.m = in.m;
+  for (int r = 0; r < in.m; ++r) {
+    rows.unit[r] = cpu::expand_e4m3_row(in.x[r], m.k, expanded.data() + r * floats);
+    rows.x[r] = expanded.data() + r * floats;
+  }
+  cpu::stream_panels_e4m3(m, p_begin, p_end, rows, y, ldy);
+}
+
 class StreamingKernel : public ::testing::TestWithParam<FormatShape> {
  protected:
   void SetUp() override {
@@ -156,7 +175,7 @@ void expect_stream_matches_a_double_loop(const FormatShape& param, cpu::E4m3Stre
       }
       const int64_t ldy = m.panels() * cpu::kPanelRows;
       std::vector<float> y(rows * ldy, std::numeric_limits<float>::quiet_NaN());
-      cpu::stream_panels(m, 0, m.panels(), in, y.data(), ldy, e4m3);
+      stream(m, 0, m.panels(), in, y.data(), ldy, e4m3);
       for (int r = 0; r < rows; ++r) {
         for (int64_t n = 0; n < ldy; ++n) {
           const double want = naive_dot(m, n, in.x[r]);
@@ -201,7 +220,7 @@ void expect_every_e4m3_code_streams_as_its_value(cpu::E4m3Stream e4m3) {
       in.m = rows;
       for (int r = 0; r < rows; ++r) in.x[r] = x.data();
       std::vector<float> y(rows * cpu::kPanelRows, std::numeric_limits<float>::quiet_NaN());
-      cpu::stream_panels(m, 0, 1, in, y.data(), cpu::kPanelRows, e4m3);
+      stream(m, 0, 1, in, y.data(), cpu::kPanelRows, e4m3);
       for (int r = 0; r < rows; ++r) {
         for (int j = 0; j < cpu::kPanelRows; ++j) {
           ASSERT_EQ(y[r * cpu::kPanelRows + j], cpu::panel_value(m, j, hot))
@@ -221,6 +240,57 @@ TEST(E4m3StreamingKernel, StreamsEveryFiniteCodeAsItsValue) {
 TEST(E4m3StreamingKernel, StreamsEveryFiniteCodeAsItsValueOnAvx512) {
   if (!Platform::probe().avx512f) GTEST_SKIP() << "this machine has no AVX-512F";
   expect_every_e4m3_code_streams_as_its_value(cpu::E4m3Stream::avx512);
+}
+
+// An odd K in odd scale steps, so that steps start and end inside the kernel's pairs of k, and
+// rows whose values reach 2^20 and 2^100 beside ordinary ones, so that their expansion keeps
+// them in f32's range: each output within f32 accumulation of the double loop.
+void expect_e4m3_stream_handles_odd_steps_and_large_rows(cpu::E4m3Stream e4m3) {
+  constexpr int64_t K = 37, kGroup = 5, kPanels = 2;
+  constexpr int64_t kSteps = (K + kGroup - 1) / kGroup;
+  std::mt19937_64 rng(23);
+  std::vector<uint8_t> codes(kPanels * K * cpu::kPanelRows);
+  for (uint8_t& c : codes) {
+    c = static_cast<uint8_t>(rng());
+    if ((c & 0x7F) == 0x7F) c = 0;  // no NaN codes: quantisation never writes them
+  }
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  std::vector<float> scale(kPanels * kSteps * cpu::kPanelRows);
+  for (float& s : scale) s = unit(rng);
+  const PanelMatrix m{.dtype = DType::f8e4m3,
+                      .data = codes.data(),
+                      .n = kPanels * cpu::kPanelRows,
+                      .k = K,
+                      .group_k = kGroup,
+                      .scale = scale.data()};
+  std::vector<float> x = random_rows(cpu::kStreamRows, K, 29);
+  x[1 * K + 3] = 0x1p20f;
+  x[2 * K + 36] = -0x1p100f;
+  for (int rows = 1; rows <= cpu::kStreamRows; ++rows) {
+    cpu::StreamRows in;
+    in.m = rows;
+    for (int r = 0; r < rows; ++r) in.x[r] = x.data() + r * K;
+    const int64_t ldy = kPanels * cpu::kPanelRows;
+    std::vector<float> y(rows * ldy, std::numeric_limits<float>::quiet_NaN());
+    stream(m, 0, kPanels, in, y.data(), ldy, e4m3);
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t n = 0; n < ldy; ++n) {
+        const double want = naive_dot(m, n, in.x[r]);
+        ASSERT_NEAR(y[r * ldy + n], want, 1e-6 * abs_dot(m, n, in.x[r]))
+            << "rows " << rows << " row " << r << " n " << n;
+      }
+    }
+  }
+}
+
+TEST(E4m3StreamingKernel, HandlesOddStepsAndLargeRows) {
+  if (!has_avx2()) GTEST_SKIP() << "this machine has no AVX2+FMA+F16C";
+  expect_e4m3_stream_handles_odd_steps_and_large_rows(cpu::E4m3Stream::avx2);
+}
+
+TEST(E4m3StreamingKernel, HandlesOddStepsAndLargeRowsOnAvx512) {
+  if (!Platform::probe().avx512f) GTEST_SKIP() << "this machine has no AVX-512F";
+  expect_e4m3_stream_handles_odd_steps_and_large_rows(cpu::E4m3Stream::avx512);
 }
 
 // The e4m3 kernel on AVX-512F vectors, where the plan picks it.

@@ -48,12 +48,20 @@ struct RowCodes {
   float* sums = nullptr;
 };
 
+// A worker's rows expanded for the AVX2 e4m3 kernel (E4m3Rows): kStreamMaxRows rows and their
+// units.
+struct ExpandedRows {
+  float* x = nullptr;
+  float* unit = nullptr;
+};
+
 // Where one kernel call of a worker writes and what scratch it has.
 struct CallScratch {
   float* y;
   int64_t tile_columns;
   float* work;
   RowCodes codes;
+  ExpandedRows e4m3;
   void* bf16_work;
   bf16_t* bf16_rows;  // a block of GEMM rows rounded to bf16 (round_rows_bf16)
   void* int8_work;
@@ -98,6 +106,7 @@ struct PanelMoe::Worker {
   float* y;
   float* work;  // the GEMM's scratch
   RowCodes codes;
+  ExpandedRows e4m3;
   void* bf16_work = nullptr;    // gemm_panels_bf16's scratch
   bf16_t* bf16_rows = nullptr;  // kGemmRows rows rounded for it
   void* int8_work = nullptr;    // gemm_panels_int8's
@@ -167,6 +176,7 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
       carver.take<float>(std::max<int64_t>(kStreamRows, std::min(kGemmRows, problem_.max_rows())) *
                          tile_columns()),
       carver.take<float>(gemm_scratch_floats(widest)),
+      {},
       {}};
   // Scratch for integer rows wherever some activations' dtype could take them.
   const Int4Rows stream = int4_.half;
@@ -177,6 +187,10 @@ PanelMoe::Worker PanelMoe::carve_worker(ScratchCarver& carver) const {
                                        : static_cast<void*>(carver.take<int16_t>(values));
     w.codes = {q, carver.take<float>(kStreamMaxRows * steps),
                carver.take<float>(kStreamMaxRows * steps)};
+  }
+  if (problem_.quant.weight_dtype == DType::f8e4m3 && !kernels_.e4m3_stream_avx512) {
+    w.e4m3 = {carver.take<float>(kStreamMaxRows * e4m3_expanded_floats(widest)),
+              carver.take<float>(kStreamMaxRows)};
   }
   if (kernels_.bf16_rows(DType::bf16)) {
     w.bf16_work = carver.take<std::byte>(gemm_bf16_scratch_bytes(widest));
@@ -202,7 +216,7 @@ bool PanelMoe::bf16_inputs(const GroupedRows& rows) const {
 }
 
 CallScratch PanelMoe::call_scratch(const Worker& w) const {
-  return {w.y, tile_columns(), w.work, w.codes, w.bf16_work, w.bf16_rows, w.int8_work};
+  return {w.y, tile_columns(), w.work, w.codes, w.e4m3, w.bf16_work, w.bf16_rows, w.int8_work};
 }
 
 // One stage of one call, everything its loops need behind one pointer, so that the pool's
@@ -421,8 +435,14 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
   }
   const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
   const bool codes = !gemm && in.stream != Int4Rows::f32;
+  const bool expanded = !gemm && m.dtype == DType::f8e4m3 && in.e4m3 == E4m3Stream::avx2;
   // Once per worker and slot: the rows then meet every panel of the worker's share.
   if (codes) quantize_rows(m, in, r0, r1, scratch.codes);
+  const int64_t expanded_ld = e4m3_expanded_floats(m.k);
+  for (int64_t r = r0; expanded && r < r1; ++r) {
+    scratch.e4m3.unit[r - r0] =
+        expand_e4m3_row(in.x + r * in.ldx, m.k, scratch.e4m3.x + (r - r0) * expanded_ld);
+  }
   for (int64_t pc = p0; pc < p1; pc += chunk) {
     const int64_t pe = std::min(p1, pc + chunk);
     if (gemm) {
@@ -446,6 +466,14 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
       const int rows = static_cast<int>(std::min<int64_t>(kStreamRows, r1 - rc));
       if (codes) {
         stream_codes(m, pc, pe, in, r0, rc, rows, scratch, kChunkColumns);
+      } else if (expanded) {
+        E4m3Rows x;
+        x.m = rows;
+        for (int i = 0; i < rows; ++i) {
+          x.x[i] = scratch.e4m3.x + (rc - r0 + i) * expanded_ld;
+          x.unit[i] = scratch.e4m3.unit[rc - r0 + i];
+        }
+        stream_panels_e4m3(m, pc, pe, x, scratch.y, kChunkColumns);
       } else {
         StreamRows x;
         x.m = rows;
@@ -453,7 +481,7 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
           x.x[i] = in.x + (rc + i) * in.ldx;
           if (in.steps > 0) x.x_sums[i] = in.sums + (rc + i) * in.steps;
         }
-        stream_panels(m, pc, pe, x, scratch.y, kChunkColumns, in.e4m3);
+        stream_panels(m, pc, pe, x, scratch.y, kChunkColumns);
       }
       done(rc, rows, pc, pe, scratch.y, kChunkColumns);
     }

@@ -24,15 +24,38 @@ struct StreamRows {
   const float* x_sums[kStreamRows] = {};  // int4 only: step_sums() of each row
 };
 
-// The vectors e4m3 weights are widened in: AVX2's (two per panel step), or one AVX-512F vector
-// per step (a third of the instructions per code; CpuKernels::e4m3_stream_avx512).
+// The e4m3 streaming kernel: AVX2's, over rows expanded for it (E4m3Rows), or one AVX-512F
+// vector per panel step over the rows as they are (CpuKernels::e4m3_stream_avx512).
 enum class E4m3Stream { avx2, avx512 };
 
 // y[r * ldy + 16 * (p - p_begin) + j] = sum_k x[r][k] * w(16 p + j, k) for r < rows.m, panels
-// p in [p_begin, p_end) and j < 16 (rows past w.n give 0). `e4m3` picks the e4m3 kernel (other
-// dtypes ignore it); avx512 needs AVX-512F on this CPU.
+// p in [p_begin, p_end) and j < 16 (rows past w.n give 0). e4m3 weights take the AVX-512F
+// kernel here, which needs AVX-512F on this CPU; AVX2's is stream_panels_e4m3.
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
-                   float* y, int64_t ldy, E4m3Stream e4m3);
+                   float* y, int64_t ldy);
+
+// Rows expanded for the AVX2 e4m3 kernel (expand_e4m3_row): each value of a row four times in a
+// row, times 2^s, so that one 32-byte load gives the vector that multiplies two panel steps'
+// codes as the kernel widens them (stream_avx2.cpp), and `unit` = 2^(120 - s), the factor that
+// restores the row's products.
+struct E4m3Rows {
+  int m = 0;
+  const float* x[kStreamRows] = {};
+  float unit[kStreamRows] = {};
+};
+
+// Floats of one expanded row of k values (k rounded up to whole pairs).
+inline int64_t e4m3_expanded_floats(int64_t k) {
+  return (k + 1) / 2 * 8;
+}
+
+// Expands x [k] into `expanded` [e4m3_expanded_floats(k)] and returns its unit. s is 112 unless
+// the row's largest magnitude would then leave f32's range; NaN and infinities stay what they are.
+float expand_e4m3_row(const float* x, int64_t k, float* expanded);
+
+// As stream_panels for e4m3 weights, on AVX2, over expanded rows.
+void stream_panels_e4m3(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const E4m3Rows& rows,
+                        float* y, int64_t ldy);
 
 // Rows quantised to int16 (quantize_int16) for int4 weights: q ~ x / scale per scale step of
 // the weights, with each step's scale and the sum of its q.

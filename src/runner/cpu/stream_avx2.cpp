@@ -54,111 +54,180 @@ inline void widen(const uint8_t* step, __m256& lo, __m256& hi) {
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16)));
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
     hi = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-  } else if constexpr (D == DType::f16) {
+  } else {
+    static_assert(D == DType::f16, "e4m3 and int4 panels have kernels of their own");
     lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
     hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16)));
-  } else {
-    static_assert(D == DType::f8e4m3, "int4 panels have kernels of their own");
-    // The 16 codes as f16 bits, widened by F16C: sign-extended to 16 bits and shifted left by 7,
-    // a code's exponent and mantissa sit in f16 bits 7-13 and copies of its sign in bits 14-15,
-    // of which the mask keeps bit 15. Each f16 is its code's value times 2^-8 (the exponent
-    // biases differ by 8, and e4m3 subnormals land on f16 subnormals of the same mantissa),
-    // which kE4m3Unit puts back in the step's scale. Seven vector instructions for 16 codes
-    // where building the f32 bits took 16: that arithmetic bounded the AVX2 stream at T = 1 and
-    // 16 (docs/PERFORMANCE.md, session 16).
-    const __m256i code =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step)));
-    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(code, 7),
-                                          _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
-    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
-    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   }
 }
-
-// What widen<f8e4m3>'s values are to be multiplied by: 2^8, exact, applied with the scale.
-constexpr float kE4m3Unit = 256.0f;
 
 constexpr int64_t kCacheLine = 64;
 
 // One panel times M rows. U independent accumulator pairs per row keep enough FMA chains in
-// flight when M is small. e4m3 accumulates the raw codes over one scale step and applies the
-// step's scale once per row per step.
+// flight when M is small.
 template <DType D, int M, int U>
 void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float* y, int64_t ldy) {
-  constexpr bool kQuantized = D == DType::f8e4m3;
   const int64_t K = w.k;
   const int64_t stride = w.step_bytes();
   const uint8_t* panel = w.panel(p);
-  const int64_t group = kQuantized ? w.group_k : K;
-  const int64_t steps = kQuantized ? w.scale_steps() : 1;
-  __m256 out_lo[M], out_hi[M];
-  for (int r = 0; r < M; ++r) out_lo[r] = out_hi[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < steps; ++g) {
-    const int64_t k0 = g * group;
-    const int64_t k1 = std::min(K, k0 + group);
-    __m256 lo_acc[M][U], hi_acc[M][U];
+  __m256 lo_acc[M][U], hi_acc[M][U];
 #pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) {
+  for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) lo_acc[r][u] = hi_acc[r][u] = _mm256_setzero_ps();
+    for (int u = 0; u < U; ++u) lo_acc[r][u] = hi_acc[r][u] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + U <= K; k += U) {
+    for (int64_t line = 0; line < U * stride; line += kCacheLine) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + kStreamPrefetchBytes + line),
+                   _MM_HINT_T0);
     }
-    int64_t k = k0;
-    for (; k + U <= k1; k += U) {
-      for (int64_t line = 0; line < U * stride; line += kCacheLine) {
-        _mm_prefetch(
-            reinterpret_cast<const char*>(panel + k * stride + kStreamPrefetchBytes + line),
-            _MM_HINT_T0);
-      }
 #pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) {
-        __m256 lo, hi;
-        widen<D>(panel + (k + u) * stride, lo, hi);
-#pragma GCC unroll 8
-        for (int r = 0; r < M; ++r) {
-          const __m256 x = _mm256_broadcast_ss(rows.x[r] + k + u);
-          lo_acc[r][u] = _mm256_fmadd_ps(lo, x, lo_acc[r][u]);
-          hi_acc[r][u] = _mm256_fmadd_ps(hi, x, hi_acc[r][u]);
-        }
-      }
-    }
-    for (; k < k1; ++k) {
+    for (int u = 0; u < U; ++u) {
       __m256 lo, hi;
-      widen<D>(panel + k * stride, lo, hi);
+      widen<D>(panel + (k + u) * stride, lo, hi);
 #pragma GCC unroll 8
       for (int r = 0; r < M; ++r) {
-        const __m256 x = _mm256_broadcast_ss(rows.x[r] + k);
-        lo_acc[r][0] = _mm256_fmadd_ps(lo, x, lo_acc[r][0]);
-        hi_acc[r][0] = _mm256_fmadd_ps(hi, x, hi_acc[r][0]);
-      }
-    }
-    // The step's scales (e4m3), with kE4m3Unit, once for every row.
-    __m256 scale_lo = _mm256_setzero_ps(), scale_hi = _mm256_setzero_ps();
-    if constexpr (kQuantized) {
-      const float* scale = w.panel_scale(p) + g * kPanelRows;
-      const __m256 unit = _mm256_set1_ps(kE4m3Unit);
-      scale_lo = _mm256_mul_ps(_mm256_loadu_ps(scale), unit);
-      scale_hi = _mm256_mul_ps(_mm256_loadu_ps(scale + kHalfPanel), unit);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) {
-      __m256 lo = lo_acc[r][0], hi = hi_acc[r][0];
-#pragma GCC unroll 4
-      for (int u = 1; u < U; ++u) {
-        lo = _mm256_add_ps(lo, lo_acc[r][u]);
-        hi = _mm256_add_ps(hi, hi_acc[r][u]);
-      }
-      if constexpr (kQuantized) {
-        out_lo[r] = _mm256_fmadd_ps(scale_lo, lo, out_lo[r]);
-        out_hi[r] = _mm256_fmadd_ps(scale_hi, hi, out_hi[r]);
-      } else {
-        out_lo[r] = lo;
-        out_hi[r] = hi;
+        const __m256 x = _mm256_broadcast_ss(rows.x[r] + k + u);
+        lo_acc[r][u] = _mm256_fmadd_ps(lo, x, lo_acc[r][u]);
+        hi_acc[r][u] = _mm256_fmadd_ps(hi, x, hi_acc[r][u]);
       }
     }
   }
+  for (; k < K; ++k) {
+    __m256 lo, hi;
+    widen<D>(panel + k * stride, lo, hi);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      const __m256 x = _mm256_broadcast_ss(rows.x[r] + k);
+      lo_acc[r][0] = _mm256_fmadd_ps(lo, x, lo_acc[r][0]);
+      hi_acc[r][0] = _mm256_fmadd_ps(hi, x, hi_acc[r][0]);
+    }
+  }
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
-    _mm256_storeu_ps(y + r * ldy, out_lo[r]);
-    _mm256_storeu_ps(y + r * ldy + kHalfPanel, out_hi[r]);
+    __m256 lo = lo_acc[r][0], hi = hi_acc[r][0];
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) {
+      lo = _mm256_add_ps(lo, lo_acc[r][u]);
+      hi = _mm256_add_ps(hi, hi_acc[r][u]);
+    }
+    _mm256_storeu_ps(y + r * ldy, lo);
+    _mm256_storeu_ps(y + r * ldy + kHalfPanel, hi);
+  }
+}
+
+// The e4m3 kernel. One 32-byte load holds two panel steps, k in its low 128-bit lane and k + 1
+// in its high one. An in-lane byte shuffle puts the codes of four rows at the top of the 32-bit
+// lanes, and an arithmetic shift right by 4 and a mask leave the code's sign in f32 bit 31 and
+// its exponent and mantissa in bits 20-26: the f32 of the code's value times 2^-120, subnormal
+// codes on f32 subnormals of the same mantissa. Three instructions per eight codes and no F16C:
+// on Zen 2 vcvtph2ps takes 1.5 cycles per eight values, which held the F16C route (seven
+// instructions and two conversions per step) at 12 GB/s of codes per core in cache, where this
+// one streams 17 (docs/PERFORMANCE.md, session 17). The rows come expanded (E4m3Rows) so that
+// one load gives each row's vector for the pair, x[k] in the low lane and x[k + 1] in the high,
+// and carry 2^s, so that the products are normal floats.
+inline __m256 e4m3_quad(__m256i pair, int first_row) {
+  // Byte 3 of each 32-bit lane takes the lane's row; bytes 0-2 (0x80) are zeroed.
+  const auto lane = [first_row](int row) {
+    return static_cast<int>((static_cast<uint32_t>(first_row + row) << 24) | 0x808080u);
+  };
+  const __m256i order =
+      _mm256_setr_epi32(lane(0), lane(1), lane(2), lane(3), lane(0), lane(1), lane(2), lane(3));
+  const __m256i top = _mm256_shuffle_epi8(pair, order);
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 4),
+                                              _mm256_set1_epi32(static_cast<int>(0x87F00000u))));
+}
+
+// Adds pair (codes and row vectors: rows 4q..4q+3 of both steps in w[q]) into acc.
+template <int M>
+inline void e4m3_pair(__m256i codes, const __m256 (&x)[M], __m256 (&acc)[M][4]) {
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m256 v = e4m3_quad(codes, 4 * q);
+#pragma GCC unroll 2
+    for (int r = 0; r < M; ++r) acc[r][q] = _mm256_fmadd_ps(v, x[r], acc[r][q]);
+  }
+}
+
+// Rows first_row..first_row + M - 1 (M = 1 or 2: sixteen accumulators fill AVX2's registers)
+// times one panel. One row keeps a second set of accumulators for every other pair, so that
+// eight FMA chains are in flight.
+template <int M>
+void e4m3_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, int first_row, float* y,
+                int64_t ldy) {
+  constexpr int kSets = M == 1 ? 2 : 1;
+  constexpr int64_t kStep = kPanelRows;  // bytes per panel step
+  const uint8_t* panel = w.panel(p);
+  const float* x[M];
+  for (int r = 0; r < M; ++r) x[r] = rows.x[first_row + r];
+  const auto pair_at = [&](int64_t k) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * kStep));
+  };
+  const auto rows_at = [&](int64_t k, __m256(&v)[M]) {
+    for (int r = 0; r < M; ++r) v[r] = _mm256_loadu_ps(x[r] + 4 * k);
+  };
+  __m256 out_lo[M], out_hi[M];
+  for (int r = 0; r < M; ++r) out_lo[r] = out_hi[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.scale_steps(); ++g) {
+    const int64_t k0 = g * w.group_k;
+    const int64_t k1 = std::min(w.k, k0 + w.group_k);
+    __m256 acc[kSets][M][4];
+#pragma GCC unroll 16
+    for (int i = 0; i < kSets * M * 4; ++i)
+      acc[i / (4 * M)][i / 4 % M][i % 4] = _mm256_setzero_ps();
+    int64_t k = k0;
+    __m256 v[M];
+    if (k % 2 != 0) {
+      // A step that starts at an odd k: its pair's low lane belongs to the step before.
+      rows_at(k - 1, v);
+      for (int r = 0; r < M; ++r) v[r] = _mm256_blend_ps(v[r], _mm256_setzero_ps(), 0x0F);
+      e4m3_pair<M>(pair_at(k - 1), v, acc[0]);
+      ++k;
+    }
+    for (; k + 4 <= k1; k += 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel + k * kStep + kStreamPrefetchBytes),
+                   _MM_HINT_T0);
+      rows_at(k, v);
+      e4m3_pair<M>(pair_at(k), v, acc[0]);
+      rows_at(k + 2, v);
+      e4m3_pair<M>(pair_at(k + 2), v, acc[kSets - 1]);
+    }
+    for (; k + 2 <= k1; k += 2) {
+      rows_at(k, v);
+      e4m3_pair<M>(pair_at(k), v, acc[0]);
+    }
+    if (k < k1) {
+      // The last step alone: its high lane's x is zero, and its codes are not read past it.
+      rows_at(k, v);
+      for (int r = 0; r < M; ++r) v[r] = _mm256_blend_ps(v[r], _mm256_setzero_ps(), 0xF0);
+      const __m256i codes = _mm256_zextsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * kStep)));
+      e4m3_pair<M>(codes, v, acc[0]);
+    }
+    // The step's scales, with each row's unit.
+    const float* scale = w.panel_scale(p) + g * kPanelRows;
+    const __m256 scale_lo = _mm256_loadu_ps(scale), scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
+#pragma GCC unroll 2
+    for (int r = 0; r < M; ++r) {
+      __m256 a[4];
+      for (int q = 0; q < 4; ++q) {
+        a[q] = kSets == 2 ? _mm256_add_ps(acc[0][r][q], acc[kSets - 1][r][q]) : acc[0][r][q];
+      }
+      // Each accumulator holds four rows of step k in its low lane and of k + 1 in its high:
+      // rows 0-7 are the low lanes of a[0] and a[1] plus their high lanes.
+      const __m256 lo = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20),
+                                      _mm256_permute2f128_ps(a[0], a[1], 0x31));
+      const __m256 hi = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20),
+                                      _mm256_permute2f128_ps(a[2], a[3], 0x31));
+      const __m256 unit = _mm256_set1_ps(rows.unit[first_row + r]);
+      out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, unit), lo, out_lo[r]);
+      out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, unit), hi, out_hi[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_ps(y + (first_row + r) * ldy, out_lo[r]);
+    _mm256_storeu_ps(y + (first_row + r) * ldy + kHalfPanel, out_hi[r]);
   }
 }
 
@@ -260,7 +329,7 @@ void panels_dtype(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const St
 }  // namespace
 
 void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const StreamRows& rows,
-                   float* y, int64_t ldy, E4m3Stream e4m3) {
+                   float* y, int64_t ldy) {
   switch (w.dtype) {
     case DType::f32:
       return panels_dtype<DType::f32>(w, p_begin, p_end, rows, y, ldy);
@@ -269,14 +338,28 @@ void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const S
     case DType::f16:
       return panels_dtype<DType::f16>(w, p_begin, p_end, rows, y, ldy);
     case DType::f8e4m3:
-      if (e4m3 == E4m3Stream::avx512) {
-        return stream_panels_e4m3_avx512(w, p_begin, p_end, rows, y, ldy);
-      }
-      return panels_dtype<DType::f8e4m3>(w, p_begin, p_end, rows, y, ldy);
+      return stream_panels_e4m3_avx512(w, p_begin, p_end, rows, y, ldy);
     case DType::i4:
       return panels_dtype<DType::i4>(w, p_begin, p_end, rows, y, ldy);
     default:
       fail(Errc::internal, "panel16 holds no {} weights", dtype_name(w.dtype));
+  }
+}
+
+void stream_panels_e4m3(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const E4m3Rows& rows,
+                        float* y, int64_t ldy) {
+  if (w.dtype != DType::f8e4m3 || w.group_k < 1 || w.scale == nullptr) {
+    fail(Errc::internal, "the e4m3 streaming kernel needs e4m3 panels with scales, got {}",
+         dtype_name(w.dtype));
+  }
+  if (rows.m < 1 || rows.m > kStreamRows) {
+    fail(Errc::internal, "the streaming kernels serve 1 to {} rows, got {}", kStreamRows, rows.m);
+  }
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    float* panel_y = y + (p - p_begin) * kPanelRows;
+    int r = 0;
+    for (; r + 2 <= rows.m; r += 2) e4m3_panel<2>(w, p, rows, r, panel_y, ldy);
+    if (r < rows.m) e4m3_panel<1>(w, p, rows, r, panel_y, ldy);
   }
 }
 
@@ -342,6 +425,33 @@ GroupRange group_range(const float* x, int64_t k0, int64_t k1) {
   }
   return range;
 }
+
+}  // namespace
+
+float expand_e4m3_row(const float* x, int64_t k, float* expanded) {
+  // 2^112 unless the row's largest value would pass 2^126 with it: then as much as keeps it
+  // under, and the products of the largest values stay normal floats either way.
+  constexpr int kShift = 112;
+  const GroupRange range = group_range(x, 0, k);
+  const int s = range.finite && range.amax >= 0x1p14f ? 125 - std::ilogb(range.amax) : kShift;
+  const __m256 factor = _mm256_set1_ps(std::ldexp(1.0f, s));
+  // Value i to floats 4i..4i+3.
+  const __m256i first_two = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i two = _mm256_set1_epi32(2);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), factor);
+    __m256i pick = first_two;
+    for (int q = 0; q < 4; ++q, pick = _mm256_add_epi32(pick, two)) {
+      _mm256_storeu_ps(expanded + 4 * (i + 2 * q), _mm256_permutevar8x32_ps(v, pick));
+    }
+  }
+  for (; i < k; ++i) _mm_storeu_ps(expanded + 4 * i, _mm_set1_ps(x[i] * std::ldexp(1.0f, s)));
+  if (k % 2 != 0) _mm_storeu_ps(expanded + 4 * k, _mm_setzero_ps());
+  return std::ldexp(1.0f, 120 - s);
+}
+
+namespace {
 
 // x / scale rounded to nearest even and saturated to +-127, as int8_code (activation_quant.hpp).
 // Divided, not multiplied by an inverse, to round exactly as the format does.
