@@ -1,6 +1,6 @@
 #pragma once
 // The e4m3 streaming kernel on AVX-512F (stream_e4m3_avx512f.cpp), which stream_panels calls
-// for E4m3Stream::avx512 after checking its arguments.
+// for e4m3 panels.
 
 #include "runner/cpu/stream.hpp"
 

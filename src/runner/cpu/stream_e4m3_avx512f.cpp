@@ -1,12 +1,12 @@
-// The e4m3 streaming kernel on AVX-512F (stream_panels with E4m3Stream::avx512). Only this
-// kernel lives here: the file is compiled for AVX-512F, and stream_panels (stream_avx2.cpp)
-// calls it only where the plan chose it (Platform::avx512f).
+// The e4m3 streaming kernel on AVX-512F (stream_panels of e4m3 panels). Only this kernel lives
+// here: the file is compiled for AVX-512F, and the cpu runner streams e4m3 rows through
+// stream_panels only where the plan chose this kernel (Platform::avx512f); elsewhere it takes
+// AVX2's (stream_panels_e4m3).
 //
-// A panel step, the 16 rows' codes at one k, is one vector, widened in four instructions where
-// the AVX2 kernel spends seven on its two halves (sixteen before session 16 of
-// docs/PERFORMANCE.md): at one row that widening, not memory, set the AVX2 kernel's pace
-// (Qwen3-30B-A3B fp8 at T = 1 streamed at 24-50% of the read bandwidth on Xeon VMs, where bf16
-// streamed at ~88%).
+// A panel step, the 16 rows' codes at one k, is one vector, widened in four instructions over
+// the rows as they are. At one row the AVX2 kernel's widening, not memory, set its pace before
+// session 16 of docs/PERFORMANCE.md (Qwen3-30B-A3B fp8 at T = 1 streamed at 24-50% of the read
+// bandwidth on Xeon VMs, where bf16 streamed at ~88%).
 
 #include <immintrin.h>
 
