@@ -21,10 +21,13 @@ namespace {
 // reads them, and the chunk's bf16 panels (4 x 16 x 2048 x 2 bytes) stay in L2 while the next
 // rows of the same expert pass over them.
 constexpr int64_t kStreamChunk = 4;
-// Panels per GEMM call: each call packs its rows of A once, so wider calls share that more;
-// the part of the result tile it writes (kGemmRows x 128 floats at most) still sits in L2 for
-// the activation.
+// Panels per GEMM call at least (gemm_chunk): each call packs its rows of A once, so wider calls
+// share that more; the part of the result tile it writes (kGemmRows x 128 floats at most) still
+// sits in L2 for the activation.
 constexpr int64_t kGemmChunk = 8;
+// The result tile a call of the f32-row GEMM may leave for the activation or the weighted sum
+// (128 KB: within L2 beside the panels' K-block and the packed rows).
+constexpr int64_t kGemmTileFloats = int64_t{1} << 15;
 constexpr int64_t kChunkColumns = kStreamChunk * kPanelRows;
 // Rows per GEMM call, so the result tile is bounded whatever an expert receives.
 constexpr int64_t kGemmRows = 256;
@@ -358,6 +361,16 @@ E4m3Stream e4m3_stream(const CpuKernels& kernels) {
   return kernels.e4m3_stream_avx512 ? E4m3Stream::avx512 : E4m3Stream::avx2;
 }
 
+// Panels per GEMM call of the rows of one expert (the one place that sizes them). The f32-row
+// GEMM (gemm_panels) packs every K-block of its rows in each call, so it takes as many panels as
+// keep the result tile within kGemmTileFloats: with 8 panels a call its scalar packing was 15%
+// of its time at Qwen3-30B-A3B T = 512, 32 rows an expert (docs/PERFORMANCE.md, session 17). The
+// int8 GEMM keeps kGemmChunk (its rows come quantised; not measured wider).
+int64_t gemm_chunk(const Inputs& in, int64_t rows) {
+  if (in.int8.q != nullptr) return kGemmChunk;
+  return std::max(kGemmChunk, kGemmTileFloats / (std::min(rows, kGemmRows) * kPanelRows));
+}
+
 // Quantises rows [r0, r1) of the inputs into scratch, as stream kind `in.stream` reads them.
 void quantize_rows(const PanelMatrix& m, const Inputs& in, int64_t r0, int64_t r1,
                    const RowCodes& codes) {
@@ -433,7 +446,7 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
     }
     return;
   }
-  const int64_t chunk = gemm ? kGemmChunk : kStreamChunk;
+  const int64_t chunk = gemm ? gemm_chunk(in, r1 - r0) : kStreamChunk;
   const bool codes = !gemm && in.stream != Int4Rows::f32;
   const bool expanded = !gemm && m.dtype == DType::f8e4m3 && in.e4m3 == E4m3Stream::avx2;
   // Once per worker and slot: the rows then meet every panel of the worker's share.
