@@ -117,26 +117,35 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
   }
 }
 
-// The e4m3 kernel. One 32-byte load holds two panel steps, k in its low 128-bit lane and k + 1
-// in its high one. An in-lane byte shuffle puts the codes of four rows at the top of the 32-bit
-// lanes, and an arithmetic shift right by 4 and a mask leave the code's sign in f32 bit 31 and
-// its exponent and mantissa in bits 20-26: the f32 of the code's value times 2^-120, subnormal
-// codes on f32 subnormals of the same mantissa. Three instructions per eight codes and no F16C:
-// on Zen 2 vcvtph2ps takes 1.5 cycles per eight values, which held the F16C route (seven
-// instructions and two conversions per step) at 12 GB/s of codes per core in cache, where this
-// one streams 17 (docs/PERFORMANCE.md, session 17). The rows come expanded (E4m3Rows) so that
-// one load gives each row's vector for the pair, x[k] in the low lane and x[k + 1] in the high,
-// and carry 2^s, so that the products are normal floats.
-inline __m256 e4m3_quad(__m256i pair, int first_row) {
-  // Byte 3 of each 32-bit lane takes the lane's row; bytes 0-2 (0x80) are zeroed.
-  const auto lane = [first_row](int row) {
-    return static_cast<int>((static_cast<uint32_t>(first_row + row) << 24) | 0x808080u);
+// The e4m3 kernels. An in-lane byte shuffle puts a code at the top of each 32-bit lane, and an
+// arithmetic shift right by 4 and a mask leave the code's sign in f32 bit 31 and its exponent
+// and mantissa in bits 20-26: the f32 of the code's value times 2^-120, subnormal codes on f32
+// subnormals of the same mantissa. Three instructions per eight codes and no F16C: on Zen 2
+// vcvtph2ps takes 1.5 cycles per eight values, which held the F16C route (seven instructions and
+// two conversions per step) at 12 GB/s of codes per core in cache (docs/PERFORMANCE.md, session
+// 17). The rows come expanded (E4m3Rows) and carry 2^s, so that the products are normal floats.
+//
+// The low 128-bit lane's four 32-bit lanes take bytes first_low..first_low + 3 of it, the high
+// lane's bytes first_high..first_high + 3 of it.
+inline __m256 e4m3_lanes(__m256i codes, int first_low, int first_high) {
+  // Byte 3 of each 32-bit lane takes its code; bytes 0-2 (0x80) are zeroed.
+  const auto lane = [](int byte) {
+    return static_cast<int>((static_cast<uint32_t>(byte) << 24) | 0x808080u);
   };
-  const __m256i order =
-      _mm256_setr_epi32(lane(0), lane(1), lane(2), lane(3), lane(0), lane(1), lane(2), lane(3));
-  const __m256i top = _mm256_shuffle_epi8(pair, order);
+  const __m256i order = _mm256_setr_epi32(
+      lane(first_low), lane(first_low + 1), lane(first_low + 2), lane(first_low + 3),
+      lane(first_high), lane(first_high + 1), lane(first_high + 2), lane(first_high + 3));
+  const __m256i top = _mm256_shuffle_epi8(codes, order);
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 4),
                                               _mm256_set1_epi32(static_cast<int>(0x87F00000u))));
+}
+
+// One or two rows: one 32-byte load holds two panel steps, k in its low 128-bit lane and k + 1 in
+// its high one, and each shuffle takes four rows of both (rows 4q..4q+3); an expanded row gives
+// the vector of x[k] (low lane) and x[k + 1] (high lane) in one load. In cache, one core of the
+// Zen 2 VM: 17 GB/s of codes against the F16C route's 12.
+inline __m256 e4m3_quad(__m256i pair, int first_row) {
+  return e4m3_lanes(pair, first_row, first_row);
 }
 
 // Adds pair (codes and row vectors: rows 4q..4q+3 of both steps in w[q]) into acc.
@@ -150,17 +159,16 @@ inline void e4m3_pair(__m256i codes, const __m256 (&x)[M], __m256 (&acc)[M][4]) 
   }
 }
 
-// Rows first_row..first_row + M - 1 (M = 1 or 2: sixteen accumulators fill AVX2's registers)
-// times one panel. One row keeps a second set of accumulators for every other pair, so that
-// eight FMA chains are in flight.
+// M rows (1 or 2: their sixteen accumulators fill AVX2's registers) times one panel. One row
+// keeps a second set of accumulators for every other pair, so that eight FMA chains are in
+// flight.
 template <int M>
-void e4m3_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, int first_row, float* y,
-                int64_t ldy) {
+void e4m3_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, float* y, int64_t ldy) {
   constexpr int kSets = M == 1 ? 2 : 1;
   constexpr int64_t kStep = kPanelRows;  // bytes per panel step
   const uint8_t* panel = w.panel(p);
   const float* x[M];
-  for (int r = 0; r < M; ++r) x[r] = rows.x[first_row + r];
+  for (int r = 0; r < M; ++r) x[r] = rows.x[r];
   const auto pair_at = [&](int64_t k) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * kStep));
   };
@@ -220,14 +228,62 @@ void e4m3_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, int first
                                       _mm256_permute2f128_ps(a[0], a[1], 0x31));
       const __m256 hi = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20),
                                       _mm256_permute2f128_ps(a[2], a[3], 0x31));
-      const __m256 unit = _mm256_set1_ps(rows.unit[first_row + r]);
+      const __m256 unit = _mm256_set1_ps(rows.unit[r]);
       out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, unit), lo, out_lo[r]);
       out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, unit), hi, out_hi[r]);
     }
   }
   for (int r = 0; r < M; ++r) {
-    _mm256_storeu_ps(y + (first_row + r) * ldy, out_lo[r]);
-    _mm256_storeu_ps(y + (first_row + r) * ldy + kHalfPanel, out_hi[r]);
+    _mm256_storeu_ps(y + r * ldy, out_lo[r]);
+    _mm256_storeu_ps(y + r * ldy + kHalfPanel, out_hi[r]);
+  }
+}
+
+// Three or four rows, where the pairs' two accumulators per row and four rows of a panel would
+// take more than AVX2's sixteen registers: a panel step's 16 codes loaded into both 128-bit lanes,
+// rows 0-7 and 8-15 each in one shuffle of them, one step at a time against x[k] of each row
+// (element 4k of its expanded form). A single pass over the panel, where two passes of the pair
+// kernel widened every code twice: four rows of a Mixtral-8x7B-shaped layer (fp8-block, T = 16)
+// took 0.81x of that time (docs/PERFORMANCE.md, session 17).
+template <int M>
+void e4m3_step_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, float* y, int64_t ldy) {
+  constexpr int64_t kStep = kPanelRows;  // bytes per panel step
+  const uint8_t* panel = w.panel(p);
+  __m256 out_lo[M], out_hi[M];
+  for (int r = 0; r < M; ++r) out_lo[r] = out_hi[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.scale_steps(); ++g) {
+    const int64_t k0 = g * w.group_k;
+    const int64_t k1 = std::min(w.k, k0 + w.group_k);
+    __m256 lo_acc[M], hi_acc[M];
+    for (int r = 0; r < M; ++r) lo_acc[r] = hi_acc[r] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; ++k) {
+      if (k % 4 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel + k * kStep + kStreamPrefetchBytes),
+                     _MM_HINT_T0);
+      }
+      const __m256i step = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * kStep)));
+      const __m256 lo = e4m3_lanes(step, 0, 4);
+      const __m256 hi = e4m3_lanes(step, kHalfPanel, kHalfPanel + 4);
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) {
+        const __m256 x = _mm256_broadcast_ss(rows.x[r] + 4 * k);
+        lo_acc[r] = _mm256_fmadd_ps(lo, x, lo_acc[r]);
+        hi_acc[r] = _mm256_fmadd_ps(hi, x, hi_acc[r]);
+      }
+    }
+    const float* scale = w.panel_scale(p) + g * kPanelRows;
+    const __m256 scale_lo = _mm256_loadu_ps(scale), scale_hi = _mm256_loadu_ps(scale + kHalfPanel);
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) {
+      const __m256 unit = _mm256_set1_ps(rows.unit[r]);
+      out_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_lo, unit), lo_acc[r], out_lo[r]);
+      out_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(scale_hi, unit), hi_acc[r], out_hi[r]);
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_ps(y + r * ldy, out_lo[r]);
+    _mm256_storeu_ps(y + r * ldy + kHalfPanel, out_hi[r]);
   }
 }
 
@@ -357,9 +413,20 @@ void stream_panels_e4m3(const PanelMatrix& w, int64_t p_begin, int64_t p_end, co
   }
   for (int64_t p = p_begin; p < p_end; ++p) {
     float* panel_y = y + (p - p_begin) * kPanelRows;
-    int r = 0;
-    for (; r + 2 <= rows.m; r += 2) e4m3_panel<2>(w, p, rows, r, panel_y, ldy);
-    if (r < rows.m) e4m3_panel<1>(w, p, rows, r, panel_y, ldy);
+    switch (rows.m) {
+      case 1:
+        e4m3_panel<1>(w, p, rows, panel_y, ldy);
+        break;
+      case 2:
+        e4m3_panel<2>(w, p, rows, panel_y, ldy);
+        break;
+      case 3:
+        e4m3_step_panel<3>(w, p, rows, panel_y, ldy);
+        break;
+      default:
+        e4m3_step_panel<4>(w, p, rows, panel_y, ldy);
+        break;
+    }
   }
 }
 
