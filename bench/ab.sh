@@ -23,7 +23,9 @@ if [ "${1:-}" = export ]; then
   rev=${2:?usage: bench/ab.sh export REV DIR}
   dir=${3:?usage: bench/ab.sh export REV DIR}
   mkdir -p "$dir"
-  git archive "$rev" | tar -x -C "$dir"
+  # -m: the files are dated now, not at the commit, so a build folder made from another
+  # export rebuilds them (make would take sources older than its objects as built).
+  git archive "$rev" | tar -x -m -C "$dir"
   echo "ab: $(git rev-parse --short "$rev") exported into $dir"
   exit
 fi
