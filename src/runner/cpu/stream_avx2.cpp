@@ -244,7 +244,7 @@ void e4m3_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, float* y,
 // rows 0-7 and 8-15 each in one shuffle of them, one step at a time against x[k] of each row
 // (element 4k of its expanded form). A single pass over the panel, where two passes of the pair
 // kernel widened every code twice: four rows of a Mixtral-8x7B-shaped layer (fp8-block, T = 16)
-// took 0.81x of that time (docs/PERFORMANCE.md, session 17).
+// took 0.83x of that time (docs/PERFORMANCE.md, session 17).
 template <int M>
 void e4m3_step_panel(const PanelMatrix& w, int64_t p, const E4m3Rows& rows, float* y, int64_t ldy) {
   constexpr int64_t kStep = kPanelRows;  // bytes per panel step
