@@ -22,8 +22,8 @@ namespace {
 // rows of the same expert pass over them.
 constexpr int64_t kStreamChunk = 4;
 // Panels per GEMM call at least (gemm_chunk): each call packs its rows of A once, so wider calls
-// share that more; the part of the result tile it writes (kGemmRows x 128 floats at most) still
-// sits in L2 for the activation.
+// share that more; the part of the result tile it writes (at most kGemmRows x 128 floats, or
+// kGemmTileFloats for the f32-row GEMM) still sits in L2 for the activation.
 constexpr int64_t kGemmChunk = 8;
 // The result tile a call of the f32-row GEMM may leave for the activation or the weighted sum
 // (128 KB: within L2 beside the panels' K-block and the packed rows).

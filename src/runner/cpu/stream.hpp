@@ -36,8 +36,8 @@ void stream_panels(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const S
 
 // Rows expanded for the AVX2 e4m3 kernel (expand_e4m3_row): each value of a row four times in a
 // row, times 2^s, so that one 32-byte load gives the vector that multiplies two panel steps'
-// codes as the kernel widens them (stream_avx2.cpp), and `unit` = 2^(120 - s), the factor that
-// restores the row's products.
+// codes as the kernel widens them for one or two rows (three or four read x[k] at element 4k;
+// stream_avx2.cpp), and `unit` = 2^(120 - s), the factor that restores the row's products.
 struct E4m3Rows {
   int m = 0;
   const float* x[kStreamRows] = {};

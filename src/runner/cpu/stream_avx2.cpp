@@ -141,19 +141,14 @@ inline __m256 e4m3_lanes(__m256i codes, int first_low, int first_high) {
 }
 
 // One or two rows: one 32-byte load holds two panel steps, k in its low 128-bit lane and k + 1 in
-// its high one, and each shuffle takes four rows of both (rows 4q..4q+3); an expanded row gives
-// the vector of x[k] (low lane) and x[k + 1] (high lane) in one load. In cache, one core of the
-// Zen 2 VM: 17 GB/s of codes against the F16C route's 12.
-inline __m256 e4m3_quad(__m256i pair, int first_row) {
-  return e4m3_lanes(pair, first_row, first_row);
-}
-
-// Adds pair (codes and row vectors: rows 4q..4q+3 of both steps in w[q]) into acc.
+// its high one, and each shuffle takes four rows of both (rows 4q..4q+3 into acc[r][q]); an
+// expanded row gives the vector of x[k] (low lane) and x[k + 1] (high lane) in one load. In
+// cache, one core of the Zen 2 VM: 17 GB/s of codes against the F16C route's 12.
 template <int M>
 inline void e4m3_pair(__m256i codes, const __m256 (&x)[M], __m256 (&acc)[M][4]) {
 #pragma GCC unroll 4
   for (int q = 0; q < 4; ++q) {
-    const __m256 v = e4m3_quad(codes, 4 * q);
+    const __m256 v = e4m3_lanes(codes, 4 * q, 4 * q);
 #pragma GCC unroll 2
     for (int r = 0; r < M; ++r) acc[r][q] = _mm256_fmadd_ps(v, x[r], acc[r][q]);
   }
