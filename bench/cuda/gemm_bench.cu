@@ -176,7 +176,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .act = act,
                   .quantized = quantized,
                   .choice = choice,
-                  .split = {.partials = partials1, .counters = counters}},
+                  .split = {.partials = partials1, .counters = counters},
+                  .entries = {}},
                  stream);
     if (fp8 && !quantizes) {
       launch_quantize_rows_e4m3({.in = static_cast<float*>(act),
@@ -204,7 +205,8 @@ Result run_case(const Model& m, DType dtype, int T, const GemmChoice& choice, bo
                   .route_weight = route,
                   .out = out,
                   .choice = choice,
-                  .split = {.partials = partials2, .counters = counters + split1.counters}},
+                  .split = {.partials = partials2, .counters = counters + split1.counters},
+                  .entries = {}},
                  stream);
   };
   const auto capture = [&](cudaGraphExec_t& exec, auto&& body) {

@@ -46,6 +46,9 @@ struct CudaGemmChoice {
   int gemm2_cols = 0;
   int gemm1_splits = 1;  // wgmma decode tiles: CTAs sharing a tile's K steps, GEMM1 and GEMM2
   int gemm2_splits = 1;
+  // The GEMMs can take the router's entries as they are, GEMM1 reading the hidden states itself
+  // (GpuFusions::gather_in_gemm1 says whether the plan has them do it).
+  bool rows_from_hidden = false;
 };
 struct CudaKernels {
   std::vector<CudaGemmChoice> routed;  // routed experts (and fused shared slots)
@@ -75,6 +78,11 @@ struct GpuFusions {
   // (DispatchOutput::output), so no output kernel runs; only where nothing is added to the
   // routed sum (no shared experts computed apart, no sum over ranks).
   bool combine_to_output = false;
+  // runner: for the batches whose kernel choice has rows_from_hidden, GEMM1 reads each token's
+  // row straight from the hidden states and every GEMM CTA places the router's entries itself,
+  // so no sort + gather kernel runs before GEMM1; where the hidden states come in the weights'
+  // dtype (a call with other hidden states sorts and gathers as before).
+  bool gather_in_gemm1 = false;
 };
 
 // How the shared experts run, when the block form computes them apart from the routed ones.

@@ -676,6 +676,19 @@ void decide_gpu_fusions(Plan& plan) {
   } else if (plan.dispatcher != DispatcherKind::standard) {
     output_why_not = "the dispatcher's combine returns the sums";
   }
+  bool rows_from_hidden = false;
+  if (plan.cuda_kernels) {
+    for (const auto* runs : {&plan.cuda_kernels->routed, &plan.cuda_kernels->shared}) {
+      for (const CudaGemmChoice& run : *runs) rows_from_hidden |= run.rows_from_hidden;
+    }
+  }
+  record(PlanLayer::runner, "sort + gather in GEMM1", f.gather_in_gemm1,
+         "decode batches on the wgmma decode tiles: GEMM1 reads every token's row from the hidden "
+         "states and each GEMM CTA places the router's entries itself, so no sort + gather kernel "
+         "runs",
+         rows_from_hidden ? ""
+                          : "no batch runs the wgmma decode tiles on 16-bit weights with at most "
+                            "8 tokens and 32 entries");
   record(PlanLayer::block, "output", f.combine_to_output,
          "nothing is added to the routed sum: the routed experts' combine writes the layer's "
          "output in its dtype",

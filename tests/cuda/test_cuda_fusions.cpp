@@ -103,6 +103,29 @@ TEST(CudaResolveFusions, KeepsToPhysicalApartWhereASharedGateWeightsFusedSlots) 
   EXPECT_TRUE(plan.fusions.combine_to_output);  // the shared experts are routed slots
 }
 
+TEST(CudaResolveFusions, Gemm1ReadsTheHiddenStatesOfSixteenBitDecodeBatches) {
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), gpu_options(), with_gpu());
+  EXPECT_TRUE(plan.fusions.gather_in_gemm1);
+  const Decision* d = find_decision(plan, "sort + gather in GEMM1");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->choice, "one kernel");
+  // Only the decode runs take it; a prefill run keeps the sort + gather.
+  ASSERT_TRUE(plan.cuda_kernels);
+  EXPECT_TRUE(CudaKernels::for_tokens(plan.cuda_kernels->routed, 1).rows_from_hidden);
+  EXPECT_FALSE(CudaKernels::for_tokens(plan.cuda_kernels->routed, 512).rows_from_hidden);
+}
+
+TEST(CudaResolveFusions, Fp8KeepsTheSortAndGatherThatQuantisesTheRows) {
+  Options options = gpu_options();
+  options.weights = QuantParams::Fp8Block(128);
+  const Plan plan = resolve(ModelSpec::preset("qwen3-moe"), options, with_gpu());
+  EXPECT_FALSE(plan.fusions.gather_in_gemm1);
+  const Decision* d = find_decision(plan, "sort + gather in GEMM1");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->choice, "two kernels");
+  EXPECT_NE(d->reason.find("16-bit"), std::string::npos) << d->reason;
+}
+
 TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
   Options options = gpu_options();
   options.fused_ops = FusedOps::off;
@@ -111,6 +134,7 @@ TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
   EXPECT_FALSE(plan.fusions.route_to_physical);
   EXPECT_FALSE(plan.fusions.map_in_sort);
   EXPECT_FALSE(plan.fusions.combine_to_output);
+  EXPECT_FALSE(plan.fusions.gather_in_gemm1);
   const Decision* d = find_decision(plan, "output");
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->reason, "fused ops are off");
@@ -504,16 +528,20 @@ struct FusedLayerCase {
 };
 
 std::vector<FusedLayerCase> fused_cases() {
-  const GpuFusions all{true, true, true, true};
-  const GpuFusions no_output{true, true, true, false};
-  const GpuFusions no_route{true, false, true, true};
+  // The 16-bit layers' decode batches run the wgmma decode tiles, whose GEMM1 reads the hidden
+  // states itself (gather_in_gemm1); the fp8 ones keep the sort + gather.
+  const GpuFusions all{true, true, true, true, true};
+  const GpuFusions all_fp8{true, true, true, true, false};
+  const GpuFusions no_output{true, true, true, false, true};
+  const GpuFusions no_output_fp8{true, true, true, false, false};
+  const GpuFusions no_route{true, false, true, true, true};
   ModelSpec qwen = small_softmax(16, 4, true);
   std::vector<FusedLayerCase> out;
-  for (int64_t T : {1, 3, 257}) {
+  for (int64_t T : {1, 3, 8, 257}) {
     out.push_back({"qwen_bf16_T" + std::to_string(T), qwen, WeightFormat::bf16, BlockForm::standard,
                    DType::bf16, T, 1, 0, all});
     out.push_back({"qwen_fp8_block_T" + std::to_string(T), qwen, QuantParams::Fp8Block(128),
-                   BlockForm::standard, DType::bf16, T, 1, 0, all});
+                   BlockForm::standard, DType::bf16, T, 1, 0, all_fp8});
   }
   out.push_back(
       {"qwen_f32_hidden", qwen, WeightFormat::bf16, BlockForm::standard, DType::f32, 5, 1, 0, all});
@@ -521,7 +549,7 @@ std::vector<FusedLayerCase> fused_cases() {
       {"qwen_f16", qwen, WeightFormat::f16, BlockForm::standard, DType::f16, 5, 1, 0, all});
   out.push_back({"dsv3_standard_fp8_tensor", small_dsv3(),
                  QuantParams::Fp8Tensor(Fp8Scaling::per_channel), BlockForm::standard, DType::bf16,
-                 5, 1, 0, no_output});
+                 5, 1, 0, no_output_fp8});
   out.push_back({"dsv3_overlapped", small_dsv3(), WeightFormat::bf16, BlockForm::overlapped,
                  DType::bf16, 3, 1, 0, no_output});
   // (small_dsv3's shared expert cannot be split into fp8 slots: resolve falls back.)
@@ -538,6 +566,9 @@ std::vector<FusedLayerCase> fused_cases() {
                  DType::bf16, 9, 2, 0, no_output});
   out.push_back({"dsv3_ep2_rank1", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
                  DType::bf16, 9, 2, 1, all});
+  // A decode step on rank 1: GEMM1 places the entries through the table, half of them elsewhere.
+  out.push_back({"dsv3_ep2_rank1_T2", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
+                 DType::bf16, 2, 2, 1, all});
   return out;
 }
 
@@ -564,6 +595,7 @@ TEST(CudaResolveFusions, TheFusedLayerCasesArePlannedAsTheyExpect) {
     EXPECT_EQ(plan.fusions.route_to_physical, c.expected.route_to_physical);
     EXPECT_EQ(plan.fusions.map_in_sort, c.expected.map_in_sort);
     EXPECT_EQ(plan.fusions.combine_to_output, c.expected.combine_to_output);
+    EXPECT_EQ(plan.fusions.gather_in_gemm1, c.expected.gather_in_gemm1);
   }
 }
 
@@ -585,6 +617,7 @@ TEST_P(CudaFusedLayer, GivesTheSameBitsAsEveryStageApart) {
     ASSERT_EQ(plan.fusions.route_to_physical, want.route_to_physical) << i;
     ASSERT_EQ(plan.fusions.map_in_sort, want.map_in_sort) << i;
     ASSERT_EQ(plan.fusions.combine_to_output, want.combine_to_output) << i;
+    ASSERT_EQ(plan.fusions.gather_in_gemm1, want.gather_in_gemm1) << i;
     MoeLayer layer(plan, random.view());
     const auto up = [](const Tensor& host) {
       Tensor t = Tensor::empty(host.view().dtype, host.view().shape, Device::cuda(0));

@@ -12,9 +12,13 @@ namespace moekit::test::cuda_gemm {
 namespace {
 
 using moekit::cuda_gemm::choose_gemm;
+using moekit::cuda_gemm::DecodeEntries;
 using moekit::cuda_gemm::Gemm1Args;
 using moekit::cuda_gemm::Gemm2Args;
+using moekit::cuda_gemm::GemmChoice;
 using moekit::cuda_gemm::GemmKernel;
+using moekit::cuda_gemm::kMaxDecodeEntries;
+using moekit::cuda_gemm::kWgmmaDecodeTile;
 using moekit::cuda_gemm::launch_gemm1;
 using moekit::cuda_gemm::launch_gemm2;
 
@@ -173,6 +177,26 @@ TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
 }
 
+TEST(CudaGemmChoice, SixteenBitDecodeTilesReadTheHiddenStatesOfAtMostEightTokens) {
+  // Qwen3-30B-A3B on Hopper: rows = tokens x 8 columns.
+  const auto reads_hidden = [](DType dtype, int64_t tokens, int capability) {
+    return choose_gemm({.dtype = dtype,
+                        .rows = tokens * 8,
+                        .num_experts = 128,
+                        .hidden = 2048,
+                        .intermediate = 768,
+                        .compute_capability = capability,
+                        .tokens = tokens})
+        .rows_from_hidden;
+  };
+  EXPECT_TRUE(reads_hidden(DType::bf16, 1, 90));
+  EXPECT_TRUE(reads_hidden(DType::f16, kMaxDecodeEntries / 8, 90));
+  EXPECT_FALSE(reads_hidden(DType::bf16, kMaxDecodeEntries / 8 + 1, 90));  // more entries
+  EXPECT_FALSE(reads_hidden(DType::f8e4m3, 1, 90));  // the gather quantises e4m3 rows
+  EXPECT_FALSE(reads_hidden(DType::bf16, 1, 80));    // no wgmma decode tiles
+  EXPECT_FALSE(reads_hidden(DType::bf16, 0, 90));    // a batch of unknown tokens
+}
+
 TEST(CudaGemmChoice, RowsThatAreNotSixteenByteAlignedRunOnDecode) {
   EXPECT_EQ(choose_gemm({DType::bf16, 32768, 256, 7166, 2048, 132}).kernel, GemmKernel::decode);
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 32768, 256, 7168, 2056, 132}).kernel, GemmKernel::decode);
@@ -261,6 +285,56 @@ TEST(CudaGemmArguments, MixedFp8ScaleBlocksAreRefused) {
   a.scales.activation_block_cols = 0;
   EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }),
                "gemm1.scales.activation_block_cols");
+}
+
+// A decode step's entries for the GEMMs to place themselves (DecodeEntries), on the choice that
+// reads them: the wgmma decode tile of 8 rows with rows_from_hidden.
+DecodeEntries two_tokens_of_two(int32_t* entry_row) {
+  return {.ids = reinterpret_cast<const int32_t*>(256),
+          .tokens = 2,
+          .columns = 2,
+          .entry_row = entry_row};
+}
+
+GemmChoice reads_entries() {
+  GemmChoice c{GemmKernel::wgmma, kWgmmaDecodeTile};
+  c.rows_from_hidden = true;
+  return c;
+}
+
+TEST(CudaGemmArguments, EntriesOnAChoiceThatReadsASortsOffsetsAreRefused) {
+  Gemm1Args a = gemm1_args();
+  a.choice = {GemmKernel::wgmma, kWgmmaDecodeTile};
+  a.entries = two_tokens_of_two(reinterpret_cast<int32_t*>(256));
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.entries");
+}
+
+TEST(CudaGemmArguments, MoreEntriesThanTheDecodeTileHoldsAreRefused) {
+  Gemm1Args a = gemm1_args();
+  a.choice = reads_entries();
+  a.entries = two_tokens_of_two(reinterpret_cast<int32_t*>(256));
+  a.entries.tokens = kWgmmaDecodeTile + 1;
+  a.entries.columns = 1;
+  a.rows = kWgmmaDecodeTile + 1;
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.entries");
+}
+
+TEST(CudaGemmArguments, Gemm1EntriesWithoutTheirRowsOutAreRefused) {
+  Gemm1Args a = gemm1_args();
+  a.choice = reads_entries();
+  a.entries = two_tokens_of_two(nullptr);
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "gemm1.entries.entry_row");
+}
+
+TEST(CudaGemmArguments, E4m3EntriesAreRefused) {
+  Gemm2Args a = gemm2_args();
+  a.dtype = DType::f8e4m3;
+  a.scales.weight = a.scales.activation = reinterpret_cast<const float*>(256);
+  a.scales.weight_block_rows = a.scales.weight_block_cols = 128;
+  a.scales.activation_block_cols = 128;
+  a.choice = reads_entries();
+  a.entries = two_tokens_of_two(nullptr);
+  EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.entries");
 }
 
 }  // namespace

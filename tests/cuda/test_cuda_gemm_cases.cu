@@ -416,7 +416,8 @@ CaseResult run_case(const GemmCase& c) {
          .act = act.as<void>(),
          .quantized = quantized,
          .choice = choice,
-         .split = gemm1_split},
+         .split = gemm1_split,
+         .entries = {}},
         nullptr);
   };
   const auto run = [&]() {
@@ -450,7 +451,8 @@ CaseResult run_case(const GemmCase& c) {
                                      .route_weight = d_route->as<float>(),
                                      .out = out.as<float>(),
                                      .choice = choice,
-                                     .split = gemm2_split},
+                                     .split = gemm2_split,
+                                     .entries = {}},
                                     nullptr);
     check(cudaDeviceSynchronize(), c.name.c_str());
   };

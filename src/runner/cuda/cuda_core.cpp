@@ -3,13 +3,16 @@
 // everything enqueued on the caller's stream:
 //   sort entries by slot (counts, offsets, each row's entry, each entry's row)
 //   -> gather the rows grouped by slot, converted to the weights' dtype or quantised to e4m3
-//      (the two in one launch for a decode step's few entries)
+//      (the two in one launch for a decode step's few entries, and neither where GEMM1 reads
+//      the hidden states itself: Plan::fusions.gather_in_gemm1)
 //   -> GEMM1 + activation -> (fp8: re-quantise the activations) -> GEMM2
 //   -> combine: each token's rows times their routing weights, summed in column order.
 // No host synchronisation, no allocation, no float atomics: capturable in a CUDA graph, and the
 // same inputs give the same bits.
 
 #include <fmt/format.h>
+
+#include <cstdint>
 
 #include "core/cuda_device.hpp"
 #include "core/scratch.hpp"
@@ -49,6 +52,7 @@ class CudaCore final : public RunnerCore {
         dtype_(problem.quant.weight_dtype),
         fp8_(dtype_ == DType::f8e4m3),
         static_(problem.quant.activation == ActivationQuant::fp8_static),
+        gather_in_gemm1_(plan.fusions.gather_in_gemm1),
         max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)),
         split_(split_k_needs()),
         split_counters_(
@@ -106,10 +110,23 @@ class CudaCore final : public RunnerCore {
         .scales = fp8_ && !static_ ? a.x_scales : nullptr,
         .quant_group = static_cast<int>(x_group),
         .static_scale = static_ ? w.device_input_scales : nullptr};
-    // One launch for a decode step's few entries, two otherwise (permute.hpp).
-    runner::cuda::sort_and_gather(sort, gather, stream);
     const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(c);
+    // Plan::fusions.gather_in_gemm1: the GEMMs take the entries as they are and GEMM1 reads the
+    // hidden states, where those are in the weights' dtype on a 16-byte boundary (TMA's).
+    const bool rows_from_hidden = gather_in_gemm1_ && choice.rows_from_hidden && in.tokens > 0 &&
+                                  in.hidden.dtype == dtype_ &&
+                                  reinterpret_cast<uintptr_t>(in.hidden.data) % 16 == 0;
+    const cuda_gemm::DecodeEntries decode_entries =
+        rows_from_hidden ? cuda_gemm::DecodeEntries{.ids = in.slots,
+                                                    .global_to_local = in.global_to_local,
+                                                    .n_global = in.n_global,
+                                                    .tokens = static_cast<int>(in.tokens),
+                                                    .columns = in.columns,
+                                                    .entry_row = a.entry_row}
+                         : cuda_gemm::DecodeEntries{};
+    // One launch for a decode step's few entries, two otherwise (permute.hpp).
+    if (!rows_from_hidden) runner::cuda::sort_and_gather(sort, gather, stream);
     const int activation_block_cols =
         per_group(p_.quant) ? static_cast<int>(p_.quant.activation_group) : 0;
     // Static activation scales: GEMM1's is device_input_scales[0], GEMM2's [1].
@@ -127,7 +144,7 @@ class CudaCore final : public RunnerCore {
     const float* gemm2_static_scale = static_ ? w.device_input_scales + 1 : nullptr;
     cuda_gemm::launch_gemm1(
         {.dtype = dtype_,
-         .x = a.x,
+         .x = rows_from_hidden ? in.hidden.data : a.x,
          .w13 = w.w13.weight.data,
          .scales = fp8_ ? weight_scales(w.w13, a.x_scales, 0) : cuda_gemm::Fp8Scales{},
          .offsets = a.offsets,
@@ -143,7 +160,8 @@ class CudaCore final : public RunnerCore {
                                                       .static_scale = gemm2_static_scale}
                           : cuda_gemm::Gemm1Quantized{},
          .choice = choice,
-         .split = {.partials = a.gemm1_partials, .counters = split_counter(0)}},
+         .split = {.partials = a.gemm1_partials, .counters = split_counter(0)},
+         .entries = decode_entries},
         stream);
     if (fp8_ && !quantized_by_gemm1) {
       cuda_gemm::launch_quantize_rows_e4m3({.in = static_cast<const float*>(a.act),
@@ -170,7 +188,8 @@ class CudaCore final : public RunnerCore {
          .route_weight = nullptr,
          .out = a.out,
          .choice = choice,
-         .split = {.partials = a.gemm2_partials, .counters = split_counter(split_.gemm1.counters)}},
+         .split = {.partials = a.gemm2_partials, .counters = split_counter(split_.gemm1.counters)},
+         .entries = decode_entries},
         stream);
     // Plan::fusions.combine_to_output: the sum goes straight to the layer's output, converted
     // to its dtype as the output stage would have converted it.
@@ -252,6 +271,7 @@ class CudaCore final : public RunnerCore {
   DType dtype_;
   bool fp8_;
   bool static_;  // fp8 activations with the checkpoint's static scales
+  bool gather_in_gemm1_;
   int64_t max_rows_;
   SplitNeeds split_;
   Buffer split_counters_;

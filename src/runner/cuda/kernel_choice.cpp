@@ -26,14 +26,15 @@ CudaGemmChoice from_gemm(const cuda_gemm::GemmChoice& c, int64_t up_to) {
           .gemm1_cols = c.gemm1_cols,
           .gemm2_cols = c.gemm2_cols,
           .gemm1_splits = c.gemm1_splits,
-          .gemm2_splits = c.gemm2_splits};
+          .gemm2_splits = c.gemm2_splits,
+          .rows_from_hidden = c.rows_from_hidden};
 }
 
 bool same(const CudaGemmChoice& a, const CudaGemmChoice& b) {
   return a.kernel == b.kernel && a.token_tile == b.token_tile && a.gemm1_slices == b.gemm1_slices &&
          a.gemm2_slices == b.gemm2_slices && a.gemm1_cols == b.gemm1_cols &&
          a.gemm2_cols == b.gemm2_cols && a.gemm1_splits == b.gemm1_splits &&
-         a.gemm2_splits == b.gemm2_splits;
+         a.gemm2_splits == b.gemm2_splits && a.rows_from_hidden == b.rows_from_hidden;
 }
 
 // The runs of batch sizes 1..max_tokens with the same choice for `experts` experts of
@@ -50,6 +51,7 @@ std::vector<CudaGemmChoice> runs(const Plan& plan, int experts, int columns, int
                                  .compute_capability = compute_capability};
   for (int64_t T = 1; T <= max_tokens; ++T) {
     problem.rows = T * columns;
+    problem.tokens = T;
     const CudaGemmChoice c = from_gemm(cuda_gemm::choose_gemm(problem), T);
     if (!out.empty() && same(out.back(), c)) {
       out.back().up_to_tokens = T;
@@ -76,6 +78,7 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
     if (c.gemm1_splits != 1 || c.gemm2_splits != 1) {
       text += fmt::format(" (K split in {}/{})", c.gemm1_splits, c.gemm2_splits);
     }
+    if (c.rows_from_hidden) text += " (rows from the hidden states)";
     from = c.up_to_tokens + 1;
   }
   return text;
@@ -123,7 +126,8 @@ cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
           .gemm1_cols = c.gemm1_cols,
           .gemm2_cols = c.gemm2_cols,
           .gemm1_splits = c.gemm1_splits,
-          .gemm2_splits = c.gemm2_splits};
+          .gemm2_splits = c.gemm2_splits,
+          .rows_from_hidden = c.rows_from_hidden};
 }
 
 std::string describe(const CudaKernels& k) {

@@ -6,6 +6,7 @@
 #include "core/cuda_common.cuh"
 #include "core/cuda_launch.cuh"
 #include "runner/cuda/permute.hpp"
+#include "runner/cuda/tiny_sort.cuh"
 
 // The sort is a counting sort by slot with a stable placement: a warp walks its entries 32 at a
 // time, and __match_any_sync gives each entry its rank among the earlier entries of the same
@@ -20,7 +21,6 @@ namespace {
 using cuda_common::kFullMask;
 
 constexpr int64_t kSmallEntries = 8192;  // sorted by one block
-constexpr int kTinyEntries = 32;         // sorted by one warp, in the gather's launch
 constexpr int kTinyTable = 2048;         // global -> local tables it copies to shared memory
 constexpr int kChunkEntries = 512;       // per warp in the chunked sort
 constexpr int kChunkWarps = 8;           // warps (chunks) per block
@@ -43,8 +43,7 @@ struct SortParams {
 
 // An entry's id as a local slot, or -1; `table` is p.global_to_local or a copy of it.
 __device__ int local_slot(const SortParams& p, int id, const int32_t* table) {
-  if (p.global_to_local) id = id >= 0 && id < p.n_global ? table[id] : -1;
-  return id >= 0 && id < p.n_slots ? id : -1;
+  return tiny_local_slot(id, p.global_to_local != nullptr ? table : nullptr, p.n_global, p.n_slots);
 }
 
 __device__ int slot_of(const SortParams& p, int64_t entry) {
@@ -462,11 +461,9 @@ __global__ void gather_kernel(GatherParams p) {
 }
 
 // sort_by_slot then gather_rows for a batch of at most kTinyEntries entries, contiguous layout,
-// tile 1: block r first sorts every entry with one warp (an entry's row is the number of entries
-// here with a lower slot plus the earlier entries with its slot: the row sort_small_kernel
-// places it in), block 0 writes the sort's outputs as sort_by_slot does, and block r gathers
-// row r as gather_kernel does. One launch instead of two; each block's sort is 32 steps of a
-// warp.
+// tile 1: block r first sorts every entry with one warp (tiny_place), block 0 writes the sort's
+// outputs as sort_by_slot does, and block r gathers row r as gather_kernel does. One launch instead
+// of two; each block's sort is 32 steps of a warp.
 __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
@@ -488,16 +485,10 @@ __global__ void sort_gather_tiny_kernel(SortParams s, GatherParams p) {
     const int lane = threadIdx.x;
     const int slot =
         lane < entries ? local_slot(s, id, table_here ? table : s.global_to_local) : -1;
-    int row = 0, used = 0;
-    for (int j = 0; j < entries; ++j) {
-      const int other = __shfl_sync(kFullMask, slot, j);
-      if (other < 0) continue;
-      ++used;
-      if (other < slot || (other == slot && j < lane)) ++row;
-    }
+    const TinyPlace place = tiny_place(slot, entries, lane);
     slot_of_entry[lane] = slot;
-    row_of_entry[lane] = slot >= 0 ? row : -1;
-    if (lane == 0) rows_used = used;
+    row_of_entry[lane] = place.row;
+    if (lane == 0) rows_used = place.used;
   }
   __syncthreads();
   if (blockIdx.x == 0 && blockIdx.y == 0) {

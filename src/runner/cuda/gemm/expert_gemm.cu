@@ -60,7 +60,6 @@ constexpr int kWgmmaNarrowMaxWeightRows = 2048;
 //   30.6 against 33.9; T = 8 e4m3 76.1 against 80.0; DeepSeek-V3 bf16 T = 8 / 64 1156 / 4425
 //   against 1167 / 4528, e4m3 T = 8 590 against 610. Level at 4 rows (Qwen3 T = 64).
 constexpr int64_t kWgmmaDecodeMaxRows = 2;
-constexpr int kWgmmaDecodeTile = 8;
 constexpr int kWgmmaNarrowCols = 128;
 // - split K on the decode tiles (one CTA of 256 weight rows to an SM), where a batch's tiles
 //   number at most half the SMs and each streams many bytes: splits = SMs / tiles (no CTA waits
@@ -178,7 +177,9 @@ void fill_split(const Shape& s, const GemmChoice& choice, const SplitK& split, d
   p.split_counters = split.counters;
 }
 
-void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
+// `rows` bounds the grid; the input's tensor map covers `a_rows` rows (the hidden states' tokens
+// where GEMM1 reads them, else `rows`).
+void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows, int64_t a_rows,
             const GemmChoice& choice, const SplitK& split, cudaStream_t stream) {
   fill_split(s, choice, split, p);
   const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
@@ -217,7 +218,7 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows,
     const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.splits));
     const auto run = [&]<Elem kElem>() {
       if (hopper) {
-        detail::launch_wgmma<kElem>(p, v, wgmma_tile, rows, grid, stream);
+        detail::launch_wgmma<kElem>(p, v, wgmma_tile, a_rows, grid, stream);
       } else {
         detail::launch_prefill<kElem>(p, v, choice.token_tile, grid.x, stream);
       }
@@ -284,6 +285,36 @@ void check_common(const char* who, const void* a, const void* w, const void* out
   }
 }
 
+// Params' entry fields (DecodeEntries), checked against the choice; GEMM1 needs entry_row.
+void fill_entries(const Shape& s, const GemmChoice& choice, const DecodeEntries& e, int64_t rows,
+                  detail::Params& p) {
+  if (e.ids == nullptr) return;
+  const std::string who = std::string(s.who) + ".entries";
+  if (!choice.rows_from_hidden || choice.kernel != GemmKernel::wgmma ||
+      choice.token_tile != kWgmmaDecodeTile) {
+    bad(who + ": " + choice.str() + " reads a sort's offsets, not the router's entries");
+  }
+  if (s.elem == Elem::e4m3) bad(who + ": e4m3 rows are quantised by the gather, not read as given");
+  if (e.tokens < 1 || e.tokens > kWgmmaDecodeTile || e.columns < 1 ||
+      e.tokens * e.columns > kMaxDecodeEntries) {
+    bad(who + ": " + std::to_string(e.tokens) + " tokens of " + std::to_string(e.columns) +
+        " columns; the tile holds 1 to " + std::to_string(kWgmmaDecodeTile) +
+        " tokens and at most " + std::to_string(kMaxDecodeEntries) + " entries");
+  }
+  if (rows < int64_t{e.tokens} * e.columns) {
+    bad(who + ": rows " + std::to_string(rows) + " cannot hold " +
+        std::to_string(e.tokens * e.columns) + " entries");
+  }
+  if (e.global_to_local != nullptr && e.n_global < 1) bad(who + ": a table of no ids");
+  if (s.gated && e.entry_row == nullptr) bad(who + ".entry_row is null");
+  p.e_ids = e.ids;
+  p.e_table = e.global_to_local;
+  p.e_n_global = e.n_global;
+  p.e_tokens = e.tokens;
+  p.e_columns = e.columns;
+  p.e_entry_row = e.entry_row;
+}
+
 }  // namespace
 
 std::string GemmChoice::str() const {
@@ -298,6 +329,7 @@ std::string GemmChoice::str() const {
       text +=
           " (split K " + std::to_string(gemm1_splits) + "," + std::to_string(gemm2_splits) + ")";
     }
+    if (rows_from_hidden) text += " (rows from hidden)";
     return text;
   }
   return "decode/" + std::to_string(token_tile) + "x" + std::to_string(gemm1_slices) + "," +
@@ -338,7 +370,10 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
       return {.kernel = GemmKernel::wgmma,
               .token_tile = kWgmmaDecodeTile,
               .gemm1_splits = splits(2 * int64_t{problem.intermediate}, problem.hidden),
-              .gemm2_splits = splits(problem.hidden, problem.intermediate)};
+              .gemm2_splits = splits(problem.hidden, problem.intermediate),
+              .rows_from_hidden = !fp8 && problem.tokens >= 1 &&
+                                  problem.tokens <= kWgmmaDecodeTile &&
+                                  problem.rows <= kMaxDecodeEntries};
     }
     return {.kernel = GemmKernel::wgmma,
             .token_tile = 64,
@@ -394,7 +429,9 @@ void launch_gemm1(const Gemm1Args& args, cudaStream_t stream) {
     p.q_scales = q.scales;
     p.q_static = q.static_scale;
   }
-  launch(s, p, per_block, args.rows, args.choice, args.split, stream);
+  fill_entries(s, args.choice, args.entries, args.rows, p);
+  const int64_t a_rows = p.e_ids != nullptr ? args.entries.tokens : args.rows;
+  launch(s, p, per_block, args.rows, a_rows, args.choice, args.split, stream);
 }
 
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale) {
@@ -420,7 +457,8 @@ void launch_gemm2(const Gemm2Args& args, cudaStream_t stream) {
   p.parts = 1;
   p.out_f32 = true;
   const bool per_block = s.elem == Elem::e4m3 && fill_scales(s, args.scales, p);
-  launch(s, p, per_block, args.rows, args.choice, args.split, stream);
+  fill_entries(s, args.choice, args.entries, args.rows, p);
+  launch(s, p, per_block, args.rows, args.rows, args.choice, args.split, stream);
 }
 
 SplitKSize split_k_size(const GemmChoice& choice, bool gemm1, int64_t rows, int num_experts,

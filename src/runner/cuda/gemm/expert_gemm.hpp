@@ -54,6 +54,11 @@ struct GemmChoice {
   // SplitK below).
   int gemm1_splits = 1;
   int gemm2_splits = 1;
+  // The wgmma decode tiles of 8 rows on 16-bit weights, for a batch of at most 8 tokens and
+  // kMaxDecodeEntries entries: the GEMMs can take the router's entries as they are
+  // (DecodeEntries), GEMM1 reading every token's row straight from the hidden states, so no sort
+  // and gather run before it.
+  bool rows_from_hidden = false;
   std::string str() const;
 };
 
@@ -67,6 +72,7 @@ struct GemmProblem {
   int intermediate = 0;
   int sm_count = 132;
   int compute_capability = 0;  // major * 10 + minor; 90 (Hopper) takes the wgmma kernel
+  int64_t tokens = 0;          // the batch the rows come from (0: not known)
 };
 
 // The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
@@ -83,6 +89,8 @@ struct GemmProblem {
 //   T = 1: GEMM2's 32 tiles of 7.3 MB), into as many CTAs per tile as keep every CTA on an SM of
 //   its own, each with at least 768 KB of weights; not where the tiles are small (Qwen3-30B-A3B
 //   at T = 1 measured slower split).
+// - rows_from_hidden wherever the decode tiles of 8 rows run 16-bit weights for a batch of at
+//   most 8 tokens and kMaxDecodeEntries entries (each a tile of every token, its rows read once).
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
@@ -132,6 +140,22 @@ struct Gemm1Quantized {
 // whole row (fp8-tensor, dynamic), which spans CTAs.
 bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static_scale);
 
+// A decode step's entries as the router left them, for a choice with rows_from_hidden: every
+// CTA places the entries itself (one warp; tiny_sort.cuh) instead of reading a sort's offsets,
+// GEMM1 takes `x` as the hidden states [tokens, hidden] in the weights' dtype (one tile of every
+// token per hit slot) and writes each entry's row to `entry_row`, as sort_by_slot would have;
+// the rows of `act` and GEMM2's are the sort's. ids null: the GEMMs read the sort's offsets.
+constexpr int kWgmmaDecodeTile = 8;  // token rows of the wgmma decode tile that reads them
+constexpr int kMaxDecodeEntries = 32;
+struct DecodeEntries {
+  const int32_t* ids = nullptr;  // [tokens, columns]: local slots, or global ids with the table
+  const int32_t* global_to_local = nullptr;  // [n_global], -1 = not here; null: ids are slots
+  int n_global = 0;
+  int tokens = 0;
+  int columns = 0;
+  int32_t* entry_row = nullptr;  // GEMM1: [tokens * columns] out, -1 = not here
+};
+
 struct Gemm1Args {
   DType dtype = DType::bf16;  // of x and w13: bf16, f16 or f8e4m3
   const void* x = nullptr;
@@ -146,7 +170,8 @@ struct Gemm1Args {
   void* act = nullptr;       // [rows, I]: dtype for bf16/f16, f32 for f8e4m3
   Gemm1Quantized quantized;  // f8e4m3 where gemm1_quantizes(choice, ...): act is not written
   GemmChoice choice;
-  SplitK split;  // where choice.gemm1_splits > 1
+  SplitK split;           // where choice.gemm1_splits > 1
+  DecodeEntries entries;  // where choice.rows_from_hidden: x is the hidden states
 };
 
 struct Gemm2Args {
@@ -162,7 +187,8 @@ struct Gemm2Args {
   const float* route_weight = nullptr;  // [rows]; nullptr: 1
   float* out = nullptr;                 // [rows, H]
   GemmChoice choice;
-  SplitK split;  // where choice.gemm2_splits > 1
+  SplitK split;           // where choice.gemm2_splits > 1
+  DecodeEntries entries;  // where choice.rows_from_hidden and GEMM1 took them
 };
 
 // act[r] = activation(gate_r . x_r, up_r . x_r) for every grouped row r.

@@ -72,6 +72,16 @@ struct Params {
   int splits;
   float* split_partials;
   uint32_t* split_counters;
+  // A decode step's entries straight from the router (DecodeEntries in expert_gemm.hpp; the wgmma
+  // decode tiles of 16-bit formats): each CTA places them itself (tiny_place) instead of reading
+  // a sort's offsets. GEMM1's `a` is then the hidden states [e_tokens, K], one tile of every token
+  // per hit expert, each token's output stored at its entries' rows; e_ids null: offsets.
+  const int32_t* e_ids;
+  const int32_t* e_table;
+  int e_n_global;
+  int e_tokens;
+  int e_columns;
+  int32_t* e_entry_row;  // GEMM1: the entries' rows out, as sort_by_slot's entry_row
 };
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -22,6 +22,7 @@
 // counter adds them all in split order and runs the epilogue (sum_splits).
 
 #include "runner/cuda/gemm/wgmma_gemm.cuh"
+#include "runner/cuda/tiny_sort.cuh"
 
 namespace moekit::cuda_gemm::detail {
 
@@ -98,6 +99,67 @@ __device__ __forceinline__ bool sum_splits(const Params& p, float (&acc)[2][kAcc
   return true;
 }
 
+// A decode step's entries as the CTA placed them (Params::e_ids): each entry's slot and row.
+struct EntryPlaces {
+  int slot[runner::cuda::kTinyEntries];
+  int row[runner::cuda::kTinyEntries];
+};
+constexpr int kEntryTable = 512;  // global -> local tables up to this size come to shared memory
+
+// The tile of CTA `item` where the CTA places a decode step's entries itself (Params::e_ids):
+// the hit slots in increasing order, as find_tile enumerates them over a sort's offsets. With
+// tile_rows > 0 (GEMM2) the tiles are find_tile's own, tile_rows of each slot's grouped rows from
+// the slot's offset (its first entry's row); with tile_rows 0 (GEMM1) one tile per hit slot of
+// every token, its rows the hidden states from token 0. Every thread calls it; `places` gets each
+// entry's slot and row. The table comes to shared memory while warp 0 loads the ids, so mapping
+// an id is no second memory round trip after the first.
+template <int kThreads>
+__device__ Tile tile_from_entries(const Params& p, int item, int tile_rows, int col_tiles,
+                                  EntryPlaces& places, int* table, int* scratch) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int entries = p.e_tokens * p.e_columns;
+  const bool table_here = p.e_table != nullptr && p.e_n_global <= kEntryTable;
+  if (table_here) {
+    for (int g = tid; g < p.e_n_global; g += kThreads) table[g] = p.e_table[g];
+  }
+  const int id = tid < entries ? p.e_ids[tid] : -1;
+  __syncthreads();
+  if (tid < 32) {
+    const int lane = tid;
+    const int slot = lane < entries
+                         ? runner::cuda::tiny_local_slot(id, table_here ? table : p.e_table,
+                                                         p.e_n_global, p.num_experts)
+                         : -1;
+    const runner::cuda::TinyPlace place = runner::cuda::tiny_place(slot, entries, lane);
+    places.slot[lane] = slot;
+    places.row[lane] = place.row;
+    // Each hit slot's first entry stands for the slot: its items, and the items of the hit
+    // slots below it.
+    const unsigned same = __match_any_sync(0xFFFFFFFFu, slot);
+    const bool first = slot >= 0 && __ffs(static_cast<int>(same)) - 1 == lane;
+    const int count = __popc(same);
+    const int row_tiles = tile_rows == 0 ? 1 : (count + tile_rows - 1) / tile_rows;
+    const int items = first ? row_tiles * col_tiles : 0;
+    int before = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int other = __shfl_sync(0xFFFFFFFFu, slot, j);
+      const int other_items = __shfl_sync(0xFFFFFFFFu, items, j);
+      if (other < slot) before += other_items;
+    }
+    if (lane == 0) scratch[0] = -1;
+    __syncwarp();
+    if (items > 0 && item >= before && item < before + items) {
+      const int t = item - before, row_tile = t % row_tiles;
+      scratch[0] = slot;
+      scratch[1] = tile_rows == 0 ? 0 : place.row + row_tile * tile_rows;
+      scratch[2] = tile_rows == 0 ? p.e_tokens : min(tile_rows, count - row_tile * tile_rows);
+      scratch[3] = t / row_tiles;
+    }
+  }
+  __syncthreads();
+  return {scratch[0], scratch[1], scratch[2], scratch[3]};
+}
+
 template <class S, Elem kElem, bool kGated, bool kPerBlock>
 __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     wgmma_decode_kernel(const __grid_constant__ WgmmaArgs args) {
@@ -117,6 +179,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
   constexpr int kScaleSlots = 4 + kT;
   __shared__ float stage_scales[kPerBlock ? S::kStages : 1][kScaleSlots];
   static_assert(kScaleSlots <= 32, "a lane of the producer warp copies each scale");
+  // Entries placed by the CTA itself (Params::e_ids; 16-bit formats only).
+  __shared__ EntryPlaces places;
+  __shared__ int entry_table[kFp8 ? 1 : kEntryTable];
+  const bool own_entries = !kFp8 && p.e_ids != nullptr;
 
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
@@ -136,8 +202,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     cuda_launch::release_dependents();
   }
   const int col_tiles = (p.n + kTileCols - 1) / kTileCols;
-  const Tile tile = find_tile<S::kThreads>(p.offsets, p.num_experts, static_cast<int>(blockIdx.x),
-                                           S::kRows, col_tiles, scratch);
+  const int item = static_cast<int>(blockIdx.x);
+  const Tile tile =
+      own_entries
+          ? tile_from_entries<S::kThreads>(p, item, kGated ? 0 : S::kRows, col_tiles, places,
+                                           entry_table, scratch)
+          : find_tile<S::kThreads>(p.offsets, p.num_experts, item, S::kRows, col_tiles, scratch);
+  // GEMM1's first CTA hands the entries' rows to the combine, as the sort would have.
+  if (kGated && own_entries && item == 0 && blockIdx.y == 0 && tid < p.e_tokens * p.e_columns) {
+    p.e_entry_row[tid] = places.row[tid];
+  }
   if (tile.expert < 0) return;
   const int64_t row_bytes = static_cast<int64_t>(p.k) * kBytes;
   const int all_steps = static_cast<int>((row_bytes + kStepBytes - 1) / kStepBytes);
@@ -355,7 +429,17 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     for (int i = 0; i < kAcc; ++i) {
       const int t = token(i), col = group_col0 + weight_row(i);
       if (t >= tile.rows || col >= p.n) continue;
-      store_activation(p, (tile.row0 + t) * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
+      if (!own_entries) {
+        store_activation(p, (tile.row0 + t) * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
+        continue;
+      }
+      // The tile's token t is hidden row t: its output goes to the row of each of its entries on
+      // this slot (one, where a token routes to a slot once).
+      for (int j = 0; j < p.e_columns; ++j) {
+        const int e = t * p.e_columns + j;
+        if (places.slot[e] != tile.expert) continue;
+        store_activation(p, places.row[e] * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
+      }
     }
   }
 }
