@@ -18,6 +18,7 @@ using moekit::cuda_gemm::Gemm2Args;
 using moekit::cuda_gemm::GemmChoice;
 using moekit::cuda_gemm::GemmKernel;
 using moekit::cuda_gemm::kMaxDecodeEntries;
+using moekit::cuda_gemm::kRowsFromHiddenMaxTokens;
 using moekit::cuda_gemm::kWgmmaDecodeTile;
 using moekit::cuda_gemm::launch_gemm1;
 using moekit::cuda_gemm::launch_gemm2;
@@ -177,11 +178,11 @@ TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
   EXPECT_EQ(choose_gemm({DType::f8e4m3, 64, 256, 7168, 2048, 132}).gemm1_slices, 4);
 }
 
-TEST(CudaGemmChoice, SixteenBitDecodeTilesReadTheHiddenStatesOfAtMostEightTokens) {
-  // Qwen3-30B-A3B on Hopper: rows = tokens x 8 columns.
-  const auto reads_hidden = [](DType dtype, int64_t tokens, int capability) {
+TEST(CudaGemmChoice, SixteenBitDecodeTilesReadTheHiddenStatesOfTheSmallestBatches) {
+  // Qwen3-30B-A3B on Hopper: rows = tokens x top-k columns.
+  const auto reads_hidden = [](DType dtype, int64_t tokens, int capability, int64_t top_k = 8) {
     return choose_gemm({.dtype = dtype,
-                        .rows = tokens * 8,
+                        .rows = tokens * top_k,
                         .num_experts = 128,
                         .hidden = 2048,
                         .intermediate = 768,
@@ -190,8 +191,9 @@ TEST(CudaGemmChoice, SixteenBitDecodeTilesReadTheHiddenStatesOfAtMostEightTokens
         .rows_from_hidden;
   };
   EXPECT_TRUE(reads_hidden(DType::bf16, 1, 90));
-  EXPECT_TRUE(reads_hidden(DType::f16, kMaxDecodeEntries / 8, 90));
-  EXPECT_FALSE(reads_hidden(DType::bf16, kMaxDecodeEntries / 8 + 1, 90));  // more entries
+  EXPECT_TRUE(reads_hidden(DType::f16, kRowsFromHiddenMaxTokens, 90));
+  EXPECT_FALSE(reads_hidden(DType::bf16, kRowsFromHiddenMaxTokens + 1, 90));  // measured slower
+  EXPECT_FALSE(reads_hidden(DType::bf16, 2, 90, kMaxDecodeEntries / 2 + 1));  // more entries
   EXPECT_FALSE(reads_hidden(DType::f8e4m3, 1, 90));  // the gather quantises e4m3 rows
   EXPECT_FALSE(reads_hidden(DType::bf16, 1, 80));    // no wgmma decode tiles
   EXPECT_FALSE(reads_hidden(DType::bf16, 0, 90));    // a batch of unknown tokens

@@ -372,7 +372,7 @@ GemmChoice choose_gemm(const GemmProblem& problem) {
               .gemm1_splits = splits(2 * int64_t{problem.intermediate}, problem.hidden),
               .gemm2_splits = splits(problem.hidden, problem.intermediate),
               .rows_from_hidden = !fp8 && problem.tokens >= 1 &&
-                                  problem.tokens <= kWgmmaDecodeTile &&
+                                  problem.tokens <= kRowsFromHiddenMaxTokens &&
                                   problem.rows <= kMaxDecodeEntries};
     }
     return {.kernel = GemmKernel::wgmma,

@@ -54,10 +54,10 @@ struct GemmChoice {
   // SplitK below).
   int gemm1_splits = 1;
   int gemm2_splits = 1;
-  // The wgmma decode tiles of 8 rows on 16-bit weights, for a batch of at most 8 tokens and
-  // kMaxDecodeEntries entries: the GEMMs can take the router's entries as they are
-  // (DecodeEntries), GEMM1 reading every token's row straight from the hidden states, so no sort
-  // and gather run before it.
+  // The wgmma decode tiles of 8 rows on 16-bit weights, for a batch of at most
+  // kRowsFromHiddenMaxTokens tokens and kMaxDecodeEntries entries: the GEMMs can take the router's
+  // entries as they are (DecodeEntries), GEMM1 reading every token's row straight from the hidden
+  // states, so no sort and gather run before it.
   bool rows_from_hidden = false;
   std::string str() const;
 };
@@ -90,7 +90,9 @@ struct GemmProblem {
 //   its own, each with at least 768 KB of weights; not where the tiles are small (Qwen3-30B-A3B
 //   at T = 1 measured slower split).
 // - rows_from_hidden wherever the decode tiles of 8 rows run 16-bit weights for a batch of at
-//   most 8 tokens and kMaxDecodeEntries entries (each a tile of every token, its rows read once).
+//   most kRowsFromHiddenMaxTokens tokens and kMaxDecodeEntries entries: each CTA placing the
+//   entries itself costs about what the sort + gather kernel did from 4 tokens on (H100,
+//   Qwen3-30B-A3B bf16 against the sort + gather: T = 1 0.974, T = 2 0.996, T = 4 1.012).
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
@@ -147,6 +149,8 @@ bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static
 // the rows of `act` and GEMM2's are the sort's. ids null: the GEMMs read the sort's offsets.
 constexpr int kWgmmaDecodeTile = 8;  // token rows of the wgmma decode tile that reads them
 constexpr int kMaxDecodeEntries = 32;
+constexpr int kRowsFromHiddenMaxTokens =
+    2;  // choose_gemm's measured limit, at most kWgmmaDecodeTile
 struct DecodeEntries {
   const int32_t* ids = nullptr;  // [tokens, columns]: local slots, or global ids with the table
   const int32_t* global_to_local = nullptr;  // [n_global], -1 = not here; null: ids are slots

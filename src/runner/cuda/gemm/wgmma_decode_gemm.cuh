@@ -429,16 +429,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kPerSm)
     for (int i = 0; i < kAcc; ++i) {
       const int t = token(i), col = group_col0 + weight_row(i);
       if (t >= tile.rows || col >= p.n) continue;
-      if (!own_entries) {
+      if (own_entries) {
+        // The tile's token t is hidden row t: its output goes to the row of each of its entries
+        // on this slot (one, where a token routes to a slot once).
+        for (int j = 0; j < p.e_columns; ++j) {
+          const int e = t * p.e_columns + j;
+          if (places.slot[e] != tile.expert) continue;
+          store_activation(p, places.row[e] * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
+        }
+      } else {
         store_activation(p, (tile.row0 + t) * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
-        continue;
-      }
-      // The tile's token t is hidden row t: its output goes to the row of each of its entries on
-      // this slot (one, where a token routes to a slot once).
-      for (int j = 0; j < p.e_columns; ++j) {
-        const int e = t * p.e_columns + j;
-        if (places.slot[e] != tile.expert) continue;
-        store_activation(p, places.row[e] * int64_t{p.n} + col, v[i], kElem == Elem::bf16);
       }
     }
   }
