@@ -14,6 +14,12 @@ namespace moekit::cpu {
 // every line they will read this far ahead themselves (past a panel's end is the next panel of
 // the range, or a harmless prefetch). 2, 4, 6 and 8 KB measured alike for int4; 2 KB is kept.
 inline constexpr int64_t kStreamPrefetchBytes = 2048;
+// The f32 and 16-bit panels for one or two rows, whose kernel spends the fewest instructions
+// per byte, want the lines much closer. On Zen 2 (2 threads, Qwen3-30B-A3B bf16, against 2 KB)
+// decode took 0.81x the time at T = 1 and 0.84x at T = 16 with 512-1024 bytes, 0.94x with 1536;
+// three or four rows, and the int4 and e4m3 kernels, ran slower with 512-1024 bytes than with
+// 2 KB (docs/PERFORMANCE.md, session 18).
+inline constexpr int64_t kWidePanelPrefetchBytes = 768;
 
 // The most rows one pass over the weights serves; callers split larger sets.
 inline constexpr int kStreamRows = 4;
