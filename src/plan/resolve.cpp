@@ -687,8 +687,8 @@ void decide_gpu_fusions(Plan& plan) {
          "states and each GEMM CTA places the router's entries itself, so no sort + gather kernel "
          "runs",
          rows_from_hidden ? ""
-                          : "no batch runs the wgmma decode tiles on 16-bit weights with at most "
-                            "8 tokens and 32 entries");
+                          : "no batch runs the wgmma decode tiles on 16-bit weights with tokens "
+                            "and entries few enough for the GEMMs to place");
   record(PlanLayer::block, "output", f.combine_to_output,
          "nothing is added to the routed sum: the routed experts' combine writes the layer's "
          "output in its dtype",
