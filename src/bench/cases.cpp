@@ -1,6 +1,7 @@
 #include "bench/cases.hpp"
 
 #include <charconv>
+#include <utility>
 
 #include "core/names.hpp"
 #include "moekit/error.hpp"
@@ -46,6 +47,11 @@ BenchCase BenchCase::Routed(std::string name, int experts, int top_k, int64_t hi
   spec.intermediate = intermediate;
   spec.routing = {.scoring = Scoring::softmax, .top_k = top_k, .renormalize = true};
   return {std::move(name), std::move(spec), std::move(formats), std::move(tokens), device, {}};
+}
+
+void BenchCase::time_only(std::vector<int64_t> counts) {
+  tokens = std::move(counts);
+  skewed_tokens.clear();
 }
 
 std::vector<BenchCase> headline_cases(DeviceKind device) {

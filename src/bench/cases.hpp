@@ -28,6 +28,9 @@ struct BenchCase {
   static BenchCase Routed(std::string name, int experts, int top_k, int64_t hidden,
                           int64_t intermediate, std::vector<QuantParams> formats,
                           std::vector<int64_t> tokens, DeviceKind device);
+  // The case timed at these token counts alone (`moekit bench --tokens`): its skewed rows go too,
+  // so that a short run on a device measures what was asked for and nothing else.
+  void time_only(std::vector<int64_t> counts);
 };
 
 // The headline cases that run on `device`, in the order of BENCHMARKS.md.

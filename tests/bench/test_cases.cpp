@@ -70,6 +70,14 @@ TEST(FindCase, AnotherDevicesCaseNamesThatDevice) {
   EXPECT_NE(message.find("--device cuda"), std::string::npos) << message;
 }
 
+TEST(BenchCaseTimeOnly, DropsTheSkewedRowsWithTheCasesOwnCounts) {
+  BenchCase c = find_case("qwen3-30b-a3b", DeviceKind::cuda);
+  ASSERT_FALSE(c.skewed_tokens.empty());
+  c.time_only({1, 4});
+  EXPECT_EQ(c.tokens, (std::vector<int64_t>{1, 4}));
+  EXPECT_TRUE(c.skewed_tokens.empty());
+}
+
 TEST(ParseTokenList, ReadsCommaSeparatedCounts) {
   EXPECT_EQ(parse_token_list("1,16,512"), (std::vector<int64_t>{1, 16, 512}));
   EXPECT_EQ(parse_token_list("7"), (std::vector<int64_t>{7}));
