@@ -232,7 +232,11 @@ struct PanelMoe::Stage {
   void* workers;
   int parts;
   bool down;       // GEMM2 (inputs: the activations), else GEMM1 (inputs: rows.x)
-  int32_t* ready;  // not null: one loop runs both GEMMs, counting the parts done per slot
+  int32_t* ready;  // the parts done with each slot's GEMM1 (null: a stage that prepares rows)
+  // In that loop, where GEMM2's rows need prepare_inputs: this stage of GEMM2, for the last part
+  // done with a slot's GEMM1 to prepare the slot's rows, and count itself once more.
+  const Stage* act_inputs = nullptr;
+  int32_t ready_at() const { return parts + (act_inputs != nullptr ? 1 : 0); }
 };
 
 void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* scratch,
@@ -242,31 +246,28 @@ void PanelMoe::run(const GroupedRows& rows, const CoreWeights& weights, void* sc
   void* workers = static_cast<char*>(scratch) + shared_bytes_;
   // Each part (a share of the panels) runs on its own worker with that worker's scratch.
   const int parts = std::min(pool.size(), problem_.threads);
-  if (!needs_prepare(rows, weights.quant)) {
-    // With no pass over the rows between the GEMMs, one loop runs both: a part moves on to its
-    // share of GEMM2 as soon as it is done with its share of GEMM1, waiting only on a slot whose
-    // activations another part has not finished (by then, rarely), so it never waits at a
-    // barrier for the slowest part. At decode the parts' speeds differ with the memory's: on
-    // the 2-core VM of docs/PERFORMANCE.md they finished GEMM1 0.07 ms apart, of 0.6 ms.
-    // parallel_chunks gives each part its own thread (parts <= pool.size()), so no part waits
-    // on one queued behind it.
-    std::fill_n(shared.ready, problem_.slots, 0);
-    const Stage stage{this, rows, weights, shared, workers, parts, false, shared.ready};
-    pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
-      stage.moe->run_parts(stage, begin, end, worker);
-    });
-    return;
+  // One loop runs both GEMMs: a part moves on to its share of GEMM2 as soon as it is done with
+  // its share of GEMM1, waiting only on a slot whose activations another part has not finished
+  // (by then, rarely), so it never waits at a barrier for the slowest part. At decode the parts'
+  // speeds differ with the memory's: on the 2-core VM of docs/PERFORMANCE.md they finished GEMM1
+  // 0.07 ms apart, of 0.6 ms. Where GEMM2's rows need a pass first (quantised activations, int4
+  // step sums), the last part done with a slot's GEMM1 makes it over the slot's rows; GEMM1's
+  // rows get theirs in a loop before. parallel_chunks gives each part its own thread (parts <=
+  // pool.size()), so no part waits on one queued behind it.
+  const bool prepare = needs_prepare(rows, weights.quant);
+  const Stage act_inputs{this, rows, weights, shared, workers, parts, true, nullptr};
+  if (prepare) {
+    const Stage x_inputs{this, rows, weights, shared, workers, parts, false, nullptr};
+    for_rows(pool, rows.n_rows, rows.n_rows * problem_.hidden,
+             [&x_inputs](int64_t b, int64_t e) { x_inputs.moe->prepare_inputs(x_inputs, b, e); });
   }
-  for (const bool down : {false, true}) {
-    const Stage stage{this, rows, weights, shared, workers, parts, down, nullptr};
-    const int64_t width = down ? problem_.intermediate : problem_.hidden;
-    for_rows(pool, rows.n_rows, rows.n_rows * width, [&stage](int64_t begin, int64_t end) {
-      stage.moe->prepare_inputs(stage, begin, end);
-    });
-    pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
-      stage.moe->run_parts(stage, begin, end, worker);
-    });
-  }
+  std::fill_n(shared.ready, problem_.slots, 0);
+  const Stage stage{this,   rows,         weights,
+                    shared, workers,      parts,
+                    false,  shared.ready, prepare ? &act_inputs : nullptr};
+  pool.parallel_chunks(parts, [&stage](int64_t begin, int64_t end, int worker) {
+    stage.moe->run_parts(stage, begin, end, worker);
+  });
 }
 
 void PanelMoe::prepare_inputs(const Stage& stage, int64_t begin, int64_t end) const {
@@ -315,22 +316,17 @@ void PanelMoe::run_parts(const Stage& stage, int64_t begin, int64_t end, int wor
   const Worker w = carve_worker(carver);
   for (int64_t part = begin; part < end; ++part) {
     const int p = static_cast<int>(part);
-    if (stage.ready != nullptr) {
-      try {
-        gate_up(stage.rows, stage.weights, stage.shared, w, p, stage.parts, stage.ready);
-      } catch (...) {
-        // The other parts must not wait for activations that will never come.
-        for (int slot = 0; slot < problem_.slots; ++slot) {
-          std::atomic_ref<int32_t>(stage.ready[slot]).store(stage.parts, std::memory_order_release);
-        }
-        throw;
+    try {
+      gate_up(stage.rows, stage.weights, stage.shared, w, p, stage);
+    } catch (...) {
+      // The other parts must not wait for activations that will never come.
+      for (int slot = 0; slot < problem_.slots; ++slot) {
+        std::atomic_ref<int32_t>(stage.ready[slot])
+            .store(stage.ready_at(), std::memory_order_release);
       }
-      down(stage.rows, stage.weights, stage.shared, w, p, stage.parts, stage.ready);
-    } else if (stage.down) {
-      down(stage.rows, stage.weights, stage.shared, w, p, stage.parts, nullptr);
-    } else {
-      gate_up(stage.rows, stage.weights, stage.shared, w, p, stage.parts, nullptr);
+      throw;
     }
+    down(stage.rows, stage.weights, stage.shared, w, p, stage);
   }
 }
 
@@ -517,9 +513,10 @@ bool PanelMoe::needs_prepare(const GroupedRows& rows, const QuantParams& q) cons
 }
 
 void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
-                       const Worker& w, int part, int parts, int32_t* ready) const {
+                       const Worker& w, int part, const Stage& loop) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
+  const int parts = loop.parts;
   const PanelStack& w13 = panel_weights(weights).w13;
   const int64_t panels = w13.first.panels();
   const int64_t p0 = panels * part / parts;
@@ -555,16 +552,20 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
                  }
                }
              });
-    if (ready != nullptr) {
-      std::atomic_ref<int32_t>(ready[slot]).fetch_add(1, std::memory_order_release);
+    const std::atomic_ref<int32_t> done(loop.ready[slot]);
+    // The last part done sees every part's activations (acquire) and prepares them for GEMM2.
+    if (done.fetch_add(1, std::memory_order_acq_rel) == parts - 1 && loop.act_inputs != nullptr) {
+      prepare_inputs(*loop.act_inputs, r0, r1);
+      done.fetch_add(1, std::memory_order_release);
     }
   }
 }
 
 void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
-                    const Worker& w, int part, int parts, int32_t* ready) const {
+                    const Worker& w, int part, const Stage& loop) const {
   const int64_t H = problem_.hidden;
   const int64_t I = problem_.intermediate;
+  const int parts = loop.parts;
   const PanelStack& w2 = panel_weights(weights).w2;
   const int64_t panels = w2.first.panels();
   const int64_t p0 = panels * part / parts;
@@ -579,10 +580,8 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    if (ready != nullptr) {
-      const std::atomic_ref<int32_t> done(ready[slot]);
-      while (done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
-    }
+    const std::atomic_ref<int32_t> done(loop.ready[slot]);
+    while (done.load(std::memory_order_acquire) < loop.ready_at()) std::this_thread::yield();
     multiply(w2.slot(slot), p0, p1,
              {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), kernels_.avx512_vnni,
               e4m3_stream(kernels_), bf16_inputs(rows), s.act_scales, intermediate_groups_,

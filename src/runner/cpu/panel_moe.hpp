@@ -81,15 +81,15 @@ class PanelMoe {
   void run_parts(const Stage& stage, int64_t begin, int64_t end, int worker) const;
   Shared carve_shared(ScratchCarver& carver) const;
   Worker carve_worker(ScratchCarver& carver) const;
-  // GEMM1 -> activation and GEMM2 -> weighted sum over part `part` of `parts` of the panels.
-  // With `ready` (one loop runs both), gate_up counts itself done with each slot there, and down
-  // waits until every part is before it reads a slot's activations.
+  // GEMM1 -> activation and GEMM2 -> weighted sum over part `part` of loop.parts of the panels,
+  // in the one loop that runs both: gate_up counts itself done with each slot in loop.ready, and
+  // down waits until every part is (and the slot's rows are prepared) before it reads a slot's
+  // activations.
   void gate_up(const GroupedRows& rows, const CoreWeights& weights, const Shared& s,
-               const Worker& w, int part, int parts, int32_t* ready) const;
+               const Worker& w, int part, const Stage& loop) const;
   void down(const GroupedRows& rows, const CoreWeights& weights, const Shared& s, const Worker& w,
-            int part, int parts, int32_t* ready) const;
-  // Whether a pass over the rows must run before each GEMM (prepare_inputs), which the single
-  // loop over both cannot hold.
+            int part, const Stage& loop) const;
+  // Whether a pass over the rows must run before each GEMM (prepare_inputs).
   bool needs_prepare(const GroupedRows& rows, const QuantParams& q) const;
 
   // Columns of the GEMM's result tile: the packed rows of the wider of w13 and w2.
