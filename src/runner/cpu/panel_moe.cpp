@@ -231,7 +231,7 @@ struct PanelMoe::Stage {
   const Shared& shared;
   void* workers;
   int parts;
-  bool down;       // GEMM2 (inputs: the activations), else GEMM1 (inputs: rows.x)
+  bool down;       // prepare_inputs: GEMM2's rows (the activations), else GEMM1's (rows.x)
   int32_t* ready;  // the parts done with each slot's GEMM1 (null: a stage that prepares rows)
   // In that loop, where GEMM2's rows need prepare_inputs: this stage of GEMM2, for the last part
   // done with a slot's GEMM1 to prepare the slot's rows, and count itself once more.

@@ -92,7 +92,7 @@ struct GemmProblem {
 // - rows_from_hidden wherever the decode tiles of 8 rows run 16-bit weights for a batch of at
 //   most kRowsFromHiddenMaxTokens tokens and kMaxDecodeEntries entries: each CTA placing the
 //   entries itself costs about what the sort + gather kernel did from 4 tokens on (H100,
-//   Qwen3-30B-A3B bf16 against the sort + gather: T = 1 0.974, T = 2 0.996, T = 4 1.012).
+//   Qwen3-30B-A3B bf16 against the sort + gather: T = 1 0.976, T = 2 0.996, T = 4 1.012).
 // - rows that are not 16-byte aligned (H or I not a multiple of 8 for 16-bit formats, of 16 for
 //   e4m3) run on decode, the only kernel that reads them.
 GemmChoice choose_gemm(const GemmProblem& problem);
@@ -149,8 +149,8 @@ bool gemm1_quantizes(const GemmChoice& choice, int activation_group, bool static
 // the rows of `act` and GEMM2's are the sort's. ids null: the GEMMs read the sort's offsets.
 constexpr int kWgmmaDecodeTile = 8;  // token rows of the wgmma decode tile that reads them
 constexpr int kMaxDecodeEntries = 32;
-constexpr int kRowsFromHiddenMaxTokens =
-    2;  // choose_gemm's measured limit, at most kWgmmaDecodeTile
+constexpr int kRowsFromHiddenMaxTokens = 2;  // choose_gemm's measured limit
+static_assert(kRowsFromHiddenMaxTokens <= kWgmmaDecodeTile, "a token is a row of the tile");
 struct DecodeEntries {
   const int32_t* ids = nullptr;  // [tokens, columns]: local slots, or global ids with the table
   const int32_t* global_to_local = nullptr;  // [n_global], -1 = not here; null: ids are slots
