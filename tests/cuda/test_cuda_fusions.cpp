@@ -569,6 +569,12 @@ std::vector<FusedLayerCase> fused_cases() {
   // A decode step on rank 1: GEMM1 places the entries through the table, half of them elsewhere.
   out.push_back({"dsv3_ep2_rank1_T2", small_dsv3(), WeightFormat::bf16, BlockForm::standard,
                  DType::bf16, 2, 2, 1, all});
+  // One token on each of 8 ranks of 2 experts: GEMM1's tile e is entry e, so the ranks that own
+  // the third and fourth picks need more tiles than they have slots.
+  for (int rank = 0; rank < 8; ++rank) {
+    out.push_back({"dsv3_ep8_rank" + std::to_string(rank) + "_T1", small_dsv3(), WeightFormat::bf16,
+                   BlockForm::standard, DType::bf16, 1, 8, rank, rank == 0 ? no_output : all});
+  }
   return out;
 }
 

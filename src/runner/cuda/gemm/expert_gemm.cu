@@ -209,8 +209,9 @@ void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows, int6
           " for this dtype");
     }
     const int cols = hopper ? wgmma_tile.cols : detail::Prefill64::kCols;
-    const int64_t items = detail::max_tiles(rows, p.num_experts, choice.token_tile) *
-                          ceil_div(s.n, s.gated ? cols / 2 : cols);
+    const int64_t items =
+        detail::grid_row_tiles(rows, p.num_experts, choice.token_tile, p.e_ids != nullptr) *
+        ceil_div(s.n, s.gated ? cols / 2 : cols);
     if (items > kMaxGridX) {
       bad(std::string(s.who) + ": " + std::to_string(rows) + " rows need " + std::to_string(items) +
           " CTAs, more than one launch takes");
@@ -467,8 +468,9 @@ SplitKSize split_k_size(const GemmChoice& choice, bool gemm1, int64_t rows, int 
   if (splits <= 1 || rows <= 0) return {};
   // The launch's grid: the bound on the row tiles times the column tiles (launch above).
   const detail::WgmmaTile tile = wgmma_tile_of(choice, gemm1, false);
-  const int64_t items = detail::max_tiles(rows, num_experts, choice.token_tile) *
-                        ceil_div(n, gemm1 ? tile.cols / 2 : tile.cols);
+  const int64_t items =
+      detail::grid_row_tiles(rows, num_experts, choice.token_tile, choice.rows_from_hidden) *
+      ceil_div(n, gemm1 ? tile.cols / 2 : tile.cols);
   // A CTA's accumulators: its weight rows by its token rows.
   return {.partials = items * splits * tile.cols * tile.rows, .counters = items};
 }

@@ -274,4 +274,12 @@ inline int64_t max_tiles(int64_t rows, int num_experts, int tile_rows) {
   return rows / tile_rows + (rows < num_experts ? rows : num_experts);
 }
 
+// The row tiles a wgmma grid launches: max_tiles, or where the CTAs take the router's entries
+// themselves (Params::e_ids) at least one per row, since one token's tile e is entry e
+// (tile_from_entries) whether or not its slots repeat; the GEMMs' rows are at least the entries.
+inline int64_t grid_row_tiles(int64_t rows, int num_experts, int tile_rows, bool own_entries) {
+  const int64_t tiles = max_tiles(rows, num_experts, tile_rows);
+  return own_entries && rows > tiles ? rows : tiles;
+}
+
 }  // namespace moekit::cuda_gemm::detail

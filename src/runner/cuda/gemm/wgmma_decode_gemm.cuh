@@ -112,7 +112,8 @@ constexpr int kEntryTable = 512;  // global -> local tables up to this size come
 // the slot's offset (its first entry's row); with tile_rows 0 (GEMM1) one tile per hit slot of
 // every token, its rows the hidden states from token 0. Every thread calls it; `places` gets each
 // entry's slot and row. The table comes to shared memory while warp 0 loads the ids, so mapping
-// an id is no second memory round trip after the first.
+// an id is no second memory round trip after the first. One token's entries are placed by their
+// column instead, tile e and row e for entry e (the grid has a tile per entry: grid_row_tiles).
 template <int kThreads>
 __device__ Tile tile_from_entries(const Params& p, int item, int tile_rows, int col_tiles,
                                   EntryPlaces& places, int* table, int* scratch) {
@@ -124,6 +125,26 @@ __device__ Tile tile_from_entries(const Params& p, int item, int tile_rows, int 
   }
   const int id = tid < entries ? p.e_ids[tid] : -1;
   __syncthreads();
+  if (p.e_tokens == 1) {
+    // One token: entry e is row e (of the activations and GEMM2's output) and the column tiles
+    // of tile e, so no CTA ranks anything (tiny_place's shuffles held every CTA's first loads by
+    // 1-2 us, bench/cuda/NOTES.md v16). The sort's rows need not be these: at one token the
+    // whole forward reads its rows from here (the combine from GEMM1's entry_row), and an entry
+    // that repeats another's slot only computes the same tile twice.
+    if (tid < 32) {
+      const int lane = tid;
+      const int slot = lane < entries
+                           ? runner::cuda::tiny_local_slot(id, table_here ? table : p.e_table,
+                                                           p.e_n_global, p.num_experts)
+                           : -1;
+      places.slot[lane] = slot;
+      places.row[lane] = slot >= 0 ? lane : -1;
+    }
+    __syncthreads();
+    const int entry = item / col_tiles;
+    const int slot = entry < entries ? places.slot[entry] : -1;
+    return {slot, tile_rows == 0 ? 0 : entry, 1, item % col_tiles};
+  }
   if (tid < 32) {
     const int lane = tid;
     const int slot = lane < entries
