@@ -130,6 +130,10 @@ struct CpuKernels {
   // GEMM rows of int4-group-a8: the format's int8 rows times the int4 codes in 8-bit dot
   // products (AVX-512 VNNI or AVX2, as avx512_vnni says).
   bool int8_gemm = false;
+  // How far ahead of its reads the streaming kernel of f32 and 16-bit panels prefetches for one
+  // or two rows (three and four rows, and the int4 and e4m3 kernels, always 2 KB), and why.
+  int near_prefetch_bytes = 2048;
+  std::string prefetch_reason;
   std::string gemm_reason;            // why GEMM rows take the kernel they do
   Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)
   Int4RowsByActivations shared_int4;  // shared experts computed apart (their I may differ)

@@ -30,6 +30,11 @@ struct Platform {
   bool avx512_bf16 = false;
   // AVX-512 VNNI 16-bit dot products on 256-bit vectors (vpdpwssd with AVX-512 VL), likewise.
   bool avx512_vnni = false;
+  // Who made the CPU and which family (CPUID's vendor string and display family: "AuthenticAMD"
+  // and 0x17 on Zen 2): what a kernel's tuning was measured on, for the choices that differ
+  // between machines of the same instruction sets (choose_cpu_kernels). Empty and 0 off x86.
+  std::string cpu_vendor;
+  int cpu_family = 0;
   std::vector<GpuInfo> gpus;
   bool cuda_runtime = false;  // this build of moekit links a CUDA runtime
   // Why `gpus` is empty in a build with a CUDA runtime (the runtime's answer: no driver, no

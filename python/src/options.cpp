@@ -224,6 +224,8 @@ void bind_options(nb::module_& m) {
       .def_ro("avx2", &Platform::avx2)
       .def_ro("avx512_bf16", &Platform::avx512_bf16)
       .def_ro("avx512_vnni", &Platform::avx512_vnni)
+      .def_ro("cpu_vendor", &Platform::cpu_vendor)
+      .def_ro("cpu_family", &Platform::cpu_family)
       .def_ro("cuda_runtime", &Platform::cuda_runtime)
       .def_prop_ro("gpu_count", [](const Platform& p) { return static_cast<int>(p.gpus.size()); })
       .def_ro("gpu_note", &Platform::gpu_note)

@@ -109,6 +109,7 @@ def test_rejected_candidates_have_reasons():
 def test_platform_probe():
     platform = moekit.Platform.probe()
     assert platform.cpu_threads >= 1 and platform.summary()
+    assert platform.cpu_vendor in platform.summary() and platform.cpu_family > 0
 
 
 def test_specs_are_made_with_keywords():

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #if defined(__x86_64__) || defined(__i386__)
@@ -81,7 +82,18 @@ Platform Platform::probe() {
   platform.avx512f = __builtin_cpu_supports("avx512f");
   // clang's __builtin_cpu_supports has no "f16c"; CPUID leaf 1 says it in ECX.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0) {
+    char vendor[12];
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    platform.cpu_vendor.assign(vendor, sizeof vendor);
+  }
   platform.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  // The display family: the extended family is added where the base family is 0xF.
+  const int base_family = static_cast<int>((eax >> 8) & 0xF);
+  platform.cpu_family =
+      base_family == 0xF ? base_family + static_cast<int>((eax >> 20) & 0xFF) : base_family;
   platform.avx512_bf16 = probe_avx512_bf16();
   platform.avx512_vnni = probe_avx512_vnni();
 #endif
@@ -131,6 +143,7 @@ std::string Platform::summary() const {
     text += fmt::format("{} of them on this host, ", world_local_size);
   }
   text += fmt::format("{} CPU threads", cpu_threads);
+  if (!cpu_vendor.empty()) text += fmt::format(" ({} family {:x}h)", cpu_vendor, cpu_family);
   if (avx2) text += ", AVX2";
   if (fma) text += ", FMA";
   if (f16c) text += ", F16C";

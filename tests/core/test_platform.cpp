@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -86,6 +87,29 @@ TEST(PlatformProbe, ReadsTheRanksFromTheLaunchersEnvironment) {
     EXPECT_EQ(platform.world_rank, c.rank);
     EXPECT_EQ(platform.world_local_rank, c.local_rank);
   }
+}
+
+// The CPU's maker and family, which the kernels' tuning was measured by (choose_cpu_kernels), as
+// /proc/cpuinfo has them where Linux gives that file.
+TEST(PlatformProbe, NamesTheCpusMakerAndFamily) {
+#if defined(__x86_64__) || defined(__i386__)
+  const Platform p = Platform::probe();
+  EXPECT_EQ(p.cpu_vendor.size(), 12u) << p.cpu_vendor;
+  EXPECT_GT(p.cpu_family, 0);
+  EXPECT_NE(p.summary().find(p.cpu_vendor), std::string::npos) << p.summary();
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor, family;
+  while (std::getline(cpuinfo, line) && (vendor.empty() || family.empty())) {
+    const auto value = [&] { return line.substr(line.find(':') + 2); };
+    if (line.rfind("vendor_id", 0) == 0) vendor = value();
+    if (line.rfind("cpu family", 0) == 0) family = value();
+  }
+  if (vendor.empty() || family.empty()) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  EXPECT_EQ(p.cpu_vendor, vendor);
+  EXPECT_EQ(p.cpu_family, std::stoi(family));
+#else
+  GTEST_SKIP() << "CPUID is x86's";
+#endif
 }
 
 TEST(PlatformMissingOn, NothingWhenTheMachineHasEveryClaimedFeature) {

@@ -13,13 +13,9 @@ namespace moekit::cpu {
 // The hardware prefetcher alone leaves the streaming kernels waiting on memory, so they ask for
 // every line they will read this far ahead themselves (past a panel's end is the next panel of
 // the range, or a harmless prefetch). 2, 4, 6 and 8 KB measured alike for int4; 2 KB is kept.
+// The f32 and 16-bit panels for one or two rows take the plan's distance instead
+// (StreamRows::near_prefetch_bytes, CpuKernels::near_prefetch_bytes).
 inline constexpr int64_t kStreamPrefetchBytes = 2048;
-// The f32 and 16-bit panels for one or two rows, whose kernel spends the fewest instructions
-// per byte, want the lines much closer. On Zen 2 (2 threads, Qwen3-30B-A3B bf16, against 2 KB)
-// decode took 0.81x the time at T = 1 and 0.84x at T = 16 with 512-1024 bytes, 0.94x with 1536;
-// three or four rows, and the int4 and e4m3 kernels, ran slower with 512-1024 bytes than with
-// 2 KB (docs/PERFORMANCE.md, session 18).
-inline constexpr int64_t kWidePanelPrefetchBytes = 768;
 
 // The most rows one pass over the weights serves; callers split larger sets.
 inline constexpr int kStreamRows = 4;
@@ -28,6 +24,8 @@ struct StreamRows {
   int m = 0;                              // rows, 1..kStreamRows
   const float* x[kStreamRows] = {};       // the input rows, K floats each
   const float* x_sums[kStreamRows] = {};  // int4 only: step_sums() of each row
+  // f32 and 16-bit panels, one or two rows: how far ahead the kernel prefetches.
+  int64_t near_prefetch_bytes = kStreamPrefetchBytes;
 };
 
 // The e4m3 streaming kernel: AVX2's, over rows expanded for it (E4m3Rows), or one AVX-512F
