@@ -72,6 +72,12 @@ for ((round = 1; round <= rounds; round++)); do
       status=1
     fi
   done
+  # The table of the rounds done so far, so that a run cut short (a device call's time limit)
+  # still says what its finished rounds measured.
+  if ((round < rounds)); then
+    echo "== ab: after round $round"
+    python3 bench/ab_summary.py "$out" "$round" || true
+  fi
 done
 python3 bench/ab_summary.py "$out" "$rounds" || status=1
 exit "$status"
