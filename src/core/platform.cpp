@@ -89,11 +89,13 @@ Platform Platform::probe() {
     std::memcpy(vendor + 8, &ecx, 4);
     platform.cpu_vendor.assign(vendor, sizeof vendor);
   }
-  platform.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  // The display family: the extended family is added where the base family is 0xF.
-  const int base_family = static_cast<int>((eax >> 8) & 0xF);
-  platform.cpu_family =
-      base_family == 0xF ? base_family + static_cast<int>((eax >> 20) & 0xFF) : base_family;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) {
+    platform.f16c = (ecx & bit_F16C) != 0;
+    // The display family: the extended family is added where the base family is 0xF.
+    const int base_family = static_cast<int>((eax >> 8) & 0xF);
+    platform.cpu_family =
+        base_family == 0xF ? base_family + static_cast<int>((eax >> 20) & 0xFF) : base_family;
+  }
   platform.avx512_bf16 = probe_avx512_bf16();
   platform.avx512_vnni = probe_avx512_vnni();
 #endif
