@@ -117,6 +117,13 @@ struct Int4RowsByActivations {
 // (quant/activation_quant.hpp), or the same values, bit for bit, 8 (AVX2) or 16 (AVX-512F) at a
 // time.
 enum class E4m3Rounding : uint8_t { scalar, avx2, avx512 };
+// How far ahead of its reads a streaming kernel asks for the weights' lines: `l1_bytes` ahead into
+// L1, and where `l2_bytes` is not 0, that far ahead into L2 as well.
+struct StreamPrefetch {
+  int l1_bytes = 2048;
+  int l2_bytes = 0;  // 0: none
+};
+
 struct CpuKernels {
   CpuKernelSet set = CpuKernelSet::portable;
   E4m3Rounding e4m3 = E4m3Rounding::scalar;
@@ -130,9 +137,11 @@ struct CpuKernels {
   // GEMM rows of int4-group-a8: the format's int8 rows times the int4 codes in 8-bit dot
   // products (AVX-512 VNNI or AVX2, as avx512_vnni says).
   bool int8_gemm = false;
-  // How far ahead of its reads the streaming kernel of f32 and 16-bit panels prefetches for one
-  // or two rows (three and four rows, and the int4 and e4m3 kernels, always 2 KB), and why.
-  int near_prefetch_bytes = 2048;
+  // How far ahead two streaming kernels prefetch for one or two rows, where a machine was
+  // measured to want other distances than 2 KB into L1: the f32 and 16-bit panels', and AVX2's
+  // int8 rows of int4-group-a8 (three and four rows, and the other kernels, always 2 KB); why.
+  StreamPrefetch panel_prefetch;
+  StreamPrefetch int8_prefetch;
   std::string prefetch_reason;
   std::string gemm_reason;            // why GEMM rows take the kernel they do
   Int4RowsByActivations routed_int4;  // routed experts (and fused shared slots)

@@ -591,19 +591,22 @@ TEST(KernelChoice, E4m3RowsStreamOnAvx512fWhereTheCpuHasIt) {
                    .e4m3_stream_avx512);
 }
 
-// One or two streamed 16-bit rows prefetch 768 bytes ahead on the family it was measured faster
-// on (Zen 2) and 2 KB everywhere else, Intel's Xeon (measured slower with 768) among them.
-TEST(KernelChoice, NearPrefetchIsShorterOnZen2Alone) {
+// One or two streamed 16-bit or int8 rows prefetch closer on the family that was measured faster
+// so (Zen 2), the int8 rows into L2 as well, and 2 KB into L1 everywhere else, Intel's Xeon
+// (measured slower with 768 bytes) among them.
+TEST(KernelChoice, StreamPrefetchIsShorterOnZen2Alone) {
   struct Case {
     const char* vendor;
     int family;
-    int bytes;
+    StreamPrefetch panel, int8;
   };
-  const Case cases[] = {{"AuthenticAMD", 0x17, 768},
-                        {"AuthenticAMD", 0x19, 2048},
-                        {"AuthenticAMD", 0x1A, 2048},
-                        {"GenuineIntel", 6, 2048},
-                        {"", 0, 2048}};
+  const StreamPrefetch l1_2k{.l1_bytes = 2048, .l2_bytes = 0};
+  const Case cases[] = {
+      {"AuthenticAMD", 0x17, {.l1_bytes = 768}, {.l1_bytes = 512, .l2_bytes = 4096}},
+      {"AuthenticAMD", 0x19, l1_2k, l1_2k},
+      {"AuthenticAMD", 0x1A, l1_2k, l1_2k},
+      {"GenuineIntel", 6, l1_2k, l1_2k},
+      {"", 0, l1_2k, l1_2k}};
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{} family {:x}h", c.vendor, c.family));
     Platform platform = Platform::cpu_only(2);
@@ -612,9 +615,12 @@ TEST(KernelChoice, NearPrefetchIsShorterOnZen2Alone) {
     platform.cpu_family = c.family;
     const CpuKernels k = cpu::choose_cpu_kernels(platform, ModelSpec::demo(),
                                                  QuantParams::Unquantized(WeightFormat::bf16));
-    EXPECT_EQ(k.near_prefetch_bytes, c.bytes);
-    EXPECT_NE(cpu::describe(k).find(c.bytes == 768 ? "768 bytes ahead" : "2 KB ahead"),
-              std::string::npos)
+    EXPECT_EQ(k.panel_prefetch.l1_bytes, c.panel.l1_bytes);
+    EXPECT_EQ(k.panel_prefetch.l2_bytes, c.panel.l2_bytes);
+    EXPECT_EQ(k.int8_prefetch.l1_bytes, c.int8.l1_bytes);
+    EXPECT_EQ(k.int8_prefetch.l2_bytes, c.int8.l2_bytes);
+    const bool zen2 = c.panel.l1_bytes == 768;
+    EXPECT_NE(cpu::describe(k).find(zen2 ? "768 bytes ahead" : "2 KB ahead"), std::string::npos)
         << cpu::describe(k);
   }
 }

@@ -1,7 +1,6 @@
 #include "runner/cpu/kernel_choice.hpp"
 
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -112,19 +111,31 @@ std::string_view int4_rows_name(Int4Rows rows) {
   return "?";
 }
 
-// How far ahead the streaming kernel of f32 and 16-bit panels prefetches for one or two rows,
-// the kernel with the fewest instructions per byte. Measured on two machines (Qwen3-30B-A3B bf16
-// decode, 2 threads, against 2 KB; docs/PERFORMANCE.md, sessions 18 and 19): Zen 2 (AMD family
-// 17h) took 0.81x the time at T = 1 and 0.84x at T = 16 with 768 bytes, where an Intel Xeon
-// with AVX-512 BF16 took 1.18x and 1.20x. Machines not measured keep the 2 KB every other
-// stream uses.
-std::pair<int, std::string> near_prefetch(const Platform& platform) {
+struct Prefetches {
+  StreamPrefetch panel, int8;
+  std::string reason;
+};
+
+// How far ahead two streaming kernels prefetch for one or two rows. Measured against 2 KB into
+// L1 (Qwen3-30B-A3B decode, 2 threads; docs/PERFORMANCE.md, sessions 18 and 19): on Zen 2 (AMD
+// family 17h) the f32 and 16-bit panels took 0.81x the time at T = 1 and 0.84x at T = 16 with
+// 768 bytes, and AVX2's int8 rows (int4-group-a8) 0.93x and 0.95x with 512 bytes into L1 and
+// 4 KB into L2 (the int16 rows level, so they keep 2 KB); on an Intel Xeon with AVX-512 BF16 the
+// panels took 1.18x and 1.20x with 768 bytes. Machines not measured keep 2 KB into L1.
+Prefetches stream_prefetches(const Platform& platform) {
   if (platform.cpu_vendor == "AuthenticAMD" && platform.cpu_family == 0x17) {
-    return {768,
-            "768 bytes ahead for one or two streamed 16-bit rows (AMD family 17h, Zen 2: "
-            "measured 0.81x the time of 2 KB)"};
+    return {.panel = {.l1_bytes = 768},
+            .int8 = {.l1_bytes = 512, .l2_bytes = 4096},
+            .reason =
+                "for one or two streamed rows, 16-bit panels 768 bytes ahead and int8 rows "
+                "512 bytes ahead into L1 and 4 KB into L2 (AMD family 17h, Zen 2: measured "
+                "0.81x and 0.93x the time of 2 KB)"};
   }
-  return {2048, "2 KB ahead for every streamed row (768 bytes measured faster on Zen 2 alone)"};
+  return {.panel = {},
+          .int8 = {},
+          .reason =
+              "2 KB ahead for every streamed row (shorter distances measured faster on "
+              "Zen 2 alone)"};
 }
 
 }  // namespace
@@ -137,7 +148,10 @@ CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
     return k;
   }
   k.set = CpuKernelSet::avx2_panels;
-  std::tie(k.near_prefetch_bytes, k.prefetch_reason) = near_prefetch(platform);
+  Prefetches prefetches = stream_prefetches(platform);
+  k.panel_prefetch = prefetches.panel;
+  k.int8_prefetch = prefetches.int8;
+  k.prefetch_reason = std::move(prefetches.reason);
   // The e4m3 rounding of the fp8 formats' GEMM inputs gives the reference's values whichever
   // vectors it uses, so the widest the CPU has.
   k.e4m3 = platform.avx512f ? E4m3Rounding::avx512 : E4m3Rounding::avx2;

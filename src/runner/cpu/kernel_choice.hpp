@@ -28,8 +28,9 @@ namespace moekit::cpu {
 // - the fp8 formats' e4m3 rounding of GEMM inputs: AVX-512F where the CPU has it, else AVX2
 //   (the scalar reference's values either way, e4m3_rows.hpp);
 // - streamed e4m3 rows: AVX-512F where the CPU has it (one vector per panel step), else AVX2;
-// - how far ahead one or two streamed rows of f32 and 16-bit panels prefetch: by the CPU's
-//   maker and family, where a distance was measured faster than 2 KB (near_prefetch).
+// - how far ahead one or two streamed rows of f32 and 16-bit panels, and of AVX2's int8 rows,
+//   prefetch: by the CPU's maker and family, where distances were measured faster than 2 KB
+//   (stream_prefetches).
 CpuKernels choose_cpu_kernels(const Platform& platform, const ModelSpec& spec,
                               const QuantParams& q);
 

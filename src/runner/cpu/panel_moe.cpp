@@ -340,10 +340,11 @@ struct Inputs {
   const float* sums;
   int64_t steps;
   Int4Rows stream;
-  bool vnni;                    // the integer kernels take AVX-512 VNNI's dot products
-  E4m3Stream e4m3;              // the streamed e4m3 kernel (CpuKernels::e4m3_stream_avx512)
-  bool bf16;                    // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
-  int64_t near_prefetch_bytes;  // CpuKernels::near_prefetch_bytes
+  bool vnni;                      // the integer kernels take AVX-512 VNNI's dot products
+  E4m3Stream e4m3;                // the streamed e4m3 kernel (CpuKernels::e4m3_stream_avx512)
+  bool bf16;                      // GEMM rows take gemm_panels_bf16 (CpuKernels::bf16_gemm)
+  StreamPrefetch panel_prefetch;  // CpuKernels::panel_prefetch
+  StreamPrefetch int8_prefetch;   // CpuKernels::int8_prefetch
   // fp8 on the bf16 GEMM: row r's scales at scales + r * groups (InputScales), else null.
   const float* scales;
   int64_t groups;
@@ -401,6 +402,7 @@ void stream_codes(const PanelMatrix& m, int64_t pc, int64_t pe, const Inputs& in
   if (in.stream == Int4Rows::int8) {
     Int8Rows q;
     fill(q, static_cast<const int8_t*>(scratch.codes.q));
+    q.prefetch = in.int8_prefetch;
     stream_panels_int8(m, pc, pe, q, scratch.y, ldy, in.vnni ? Int8Dot::vnni : Int8Dot::maddubs);
   } else {
     Int16Rows q;
@@ -487,7 +489,7 @@ void multiply(const PanelMatrix& m, int64_t p0, int64_t p1, const Inputs& in, in
       } else {
         StreamRows x;
         x.m = rows;
-        x.near_prefetch_bytes = in.near_prefetch_bytes;
+        x.prefetch = in.panel_prefetch;
         for (int i = 0; i < rows; ++i) {
           x.x[i] = in.x + (rc + i) * in.ldx;
           if (in.steps > 0) x.x_sums[i] = in.sums + (rc + i) * in.steps;
@@ -529,32 +531,32 @@ void PanelMoe::gate_up(const GroupedRows& rows, const CoreWeights& weights, cons
     const int64_t r0 = rows.offsets[slot];
     const int64_t r1 = rows.offsets[slot + 1];
     if (r0 == r1) continue;
-    multiply(
-        w13.slot(slot), p0, p1,
-        {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
-         e4m3_stream(kernels_), bf16_inputs(rows), kernels_.near_prefetch_bytes, s.x_scales,
-         hidden_groups_, s.x_int8.matrix(), from_hidden ? rows.hidden_bf16 : nullptr, rows.out_row},
-        r0, r1, call_scratch(w),
-        [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
-          // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
-          const bool silu = problem_.activation.kind == ActivationKind::silu_gated;
-          for (int64_t r = 0; r < mr; ++r) {
-            float* act = s.act + (rc + r) * I;
-            const float* y = tile + r * ldy;
-            if (silu) {
-              const int64_t i0 = pc * kHalfPanel;
-              silu_gated_panels(y, std::min(pe * kHalfPanel, I) - i0, act + i0);
-              continue;
-            }
-            for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
-              const int64_t i0 = p * kHalfPanel;
-              const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
-              for (int64_t j = 0; j < n; ++j) {
-                act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
-              }
-            }
-          }
-        });
+    multiply(w13.slot(slot), p0, p1,
+             {rows.x, H, s.x_sums, hidden_steps_, stream_kind(rows), kernels_.avx512_vnni,
+              e4m3_stream(kernels_), bf16_inputs(rows), kernels_.panel_prefetch,
+              kernels_.int8_prefetch, s.x_scales, hidden_groups_, s.x_int8.matrix(),
+              from_hidden ? rows.hidden_bf16 : nullptr, rows.out_row},
+             r0, r1, call_scratch(w),
+             [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
+               // Panel p's rows 0-7 are gate rows 8p.., its rows 8-15 the up rows of the same i.
+               const bool silu = problem_.activation.kind == ActivationKind::silu_gated;
+               for (int64_t r = 0; r < mr; ++r) {
+                 float* act = s.act + (rc + r) * I;
+                 const float* y = tile + r * ldy;
+                 if (silu) {
+                   const int64_t i0 = pc * kHalfPanel;
+                   silu_gated_panels(y, std::min(pe * kHalfPanel, I) - i0, act + i0);
+                   continue;
+                 }
+                 for (int64_t p = pc; p < pe; ++p, y += kPanelRows) {
+                   const int64_t i0 = p * kHalfPanel;
+                   const int64_t n = std::min<int64_t>(kHalfPanel, I - i0);
+                   for (int64_t j = 0; j < n; ++j) {
+                     act[i0 + j] = kernels::activate(problem_.activation, y[j], y[kHalfPanel + j]);
+                   }
+                 }
+               }
+             });
     const std::atomic_ref<int32_t> done(loop.ready[slot]);
     // The last part done sees every part's activations (acquire) and prepares them for GEMM2.
     if (done.fetch_add(1, std::memory_order_acq_rel) == parts - 1 && loop.act_inputs != nullptr) {
@@ -587,8 +589,8 @@ void PanelMoe::down(const GroupedRows& rows, const CoreWeights& weights, const S
     while (done.load(std::memory_order_acquire) < loop.ready_at()) std::this_thread::yield();
     multiply(w2.slot(slot), p0, p1,
              {s.act, I, s.act_sums, intermediate_steps_, stream_kind(rows), kernels_.avx512_vnni,
-              e4m3_stream(kernels_), bf16_inputs(rows), kernels_.near_prefetch_bytes, s.act_scales,
-              intermediate_groups_, s.act_int8.matrix()},
+              e4m3_stream(kernels_), bf16_inputs(rows), kernels_.panel_prefetch,
+              kernels_.int8_prefetch, s.act_scales, intermediate_groups_, s.act_int8.matrix()},
              r0, r1, call_scratch(w),
              [&](int64_t rc, int64_t mr, int64_t pc, int64_t pe, const float* tile, int64_t ldy) {
                const int64_t n0 = pc * kPanelRows;

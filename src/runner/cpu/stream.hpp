@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "moekit/plan.hpp"
 #include "runner/cpu/panels.hpp"
 
 namespace moekit::cpu {
@@ -13,9 +14,16 @@ namespace moekit::cpu {
 // The hardware prefetcher alone leaves the streaming kernels waiting on memory, so they ask for
 // every line they will read this far ahead themselves (past a panel's end is the next panel of
 // the range, or a harmless prefetch). 2, 4, 6 and 8 KB measured alike for int4; 2 KB is kept.
-// The f32 and 16-bit panels for one or two rows take the plan's distance instead
-// (StreamRows::near_prefetch_bytes, CpuKernels::near_prefetch_bytes).
+// The f32 and 16-bit panels and AVX2's int8 rows, for one or two rows, take the plan's distances
+// instead (CpuKernels::panel_prefetch and int8_prefetch, through StreamRows and Int8Rows).
 inline constexpr int64_t kStreamPrefetchBytes = 2048;
+static_assert(StreamPrefetch{}.l1_bytes == kStreamPrefetchBytes && StreamPrefetch{}.l2_bytes == 0);
+
+// Asks for the line of `at` the distances ahead: prefetcht0 and, where set, prefetcht1.
+inline void prefetch_ahead(const uint8_t* at, const StreamPrefetch& ahead) {
+  __builtin_prefetch(at + ahead.l1_bytes, 0, 3);
+  if (ahead.l2_bytes != 0) __builtin_prefetch(at + ahead.l2_bytes, 0, 2);
+}
 
 // The most rows one pass over the weights serves; callers split larger sets.
 inline constexpr int kStreamRows = 4;
@@ -24,8 +32,7 @@ struct StreamRows {
   int m = 0;                              // rows, 1..kStreamRows
   const float* x[kStreamRows] = {};       // the input rows, K floats each
   const float* x_sums[kStreamRows] = {};  // int4 only: step_sums() of each row
-  // f32 and 16-bit panels, one or two rows: how far ahead the kernel prefetches.
-  int64_t near_prefetch_bytes = kStreamPrefetchBytes;
+  StreamPrefetch prefetch;                // one or two rows of f32 and 16-bit panels
 };
 
 // The e4m3 streaming kernel: AVX2's, over rows expanded for it (E4m3Rows), or one AVX-512F
@@ -94,6 +101,7 @@ struct Int8Rows {
   const int8_t* q[kStreamRows] = {};
   const float* scale[kStreamRows] = {};
   const float* sums[kStreamRows] = {};
+  StreamPrefetch prefetch;  // one or two rows, AVX2's kernel (pmaddubsw)
 };
 
 // The longest scale step whose int32 sums of code x activation cannot overflow (2^20 x 15 x 127

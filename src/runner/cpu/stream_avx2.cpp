@@ -76,11 +76,11 @@ void panel_kernel(const PanelMatrix& w, int64_t p, const StreamRows& rows, float
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) lo_acc[r][u] = hi_acc[r][u] = _mm256_setzero_ps();
   }
-  const int64_t ahead = M <= 2 ? rows.near_prefetch_bytes : kStreamPrefetchBytes;
+  const StreamPrefetch ahead = M <= 2 ? rows.prefetch : StreamPrefetch{};
   int64_t k = 0;
   for (; k + U <= K; k += U) {
     for (int64_t line = 0; line < U * stride; line += kCacheLine) {
-      _mm_prefetch(reinterpret_cast<const char*>(panel + k * stride + ahead + line), _MM_HINT_T0);
+      prefetch_ahead(panel + k * stride + line, ahead);
     }
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {

@@ -72,7 +72,7 @@ void int4_panel_int8(const PanelMatrix& w, int64_t p, const Int8Rows& rows, floa
       };
       if constexpr (kSets == 2) {
         for (; k + 2 * kInt4BlockK <= run_end; k += 2 * kInt4BlockK, codes += 2 * kInt4BlockBytes) {
-          _mm_prefetch(reinterpret_cast<const char*>(codes + kStreamPrefetchBytes), _MM_HINT_T0);
+          prefetch_ahead(codes, rows.prefetch);
           block(codes, k, 0);
           block(codes + kInt4BlockBytes, k + kInt4BlockK, 1);
         }
