@@ -125,10 +125,6 @@ __device__ Tile tile_from_entries(const Params& p, int item, int tile_rows, int 
   }
   const int id = tid < entries ? p.e_ids[tid] : -1;
   __syncthreads();
-  // Thread e < entries (all in warp 0): entry e's local slot.
-  const int slot = tid < entries ? runner::cuda::tiny_local_slot(id, table_here ? table : p.e_table,
-                                                                 p.e_n_global, p.num_experts)
-                                 : -1;
   if (p.e_tokens == 1) {
     // One token: entry e is row e (of the activations and GEMM2's output) and the column tiles
     // of tile e, so no CTA ranks anything (tiny_place's shuffles held every CTA's first loads by
@@ -136,16 +132,25 @@ __device__ Tile tile_from_entries(const Params& p, int item, int tile_rows, int 
     // whole forward reads its rows from here (the combine from GEMM1's entry_row), and an entry
     // that repeats another's slot only computes the same tile twice.
     if (tid < 32) {
-      places.slot[tid] = slot;
-      places.row[tid] = slot >= 0 ? tid : -1;
+      const int lane = tid;
+      const int slot = lane < entries
+                           ? runner::cuda::tiny_local_slot(id, table_here ? table : p.e_table,
+                                                           p.e_n_global, p.num_experts)
+                           : -1;
+      places.slot[lane] = slot;
+      places.row[lane] = slot >= 0 ? lane : -1;
     }
     __syncthreads();
     const int entry = item / col_tiles;
-    return {entry < entries ? places.slot[entry] : -1, tile_rows == 0 ? 0 : entry, 1,
-            item % col_tiles};
+    const int slot = entry < entries ? places.slot[entry] : -1;
+    return {slot, tile_rows == 0 ? 0 : entry, 1, item % col_tiles};
   }
   if (tid < 32) {
     const int lane = tid;
+    const int slot = lane < entries
+                         ? runner::cuda::tiny_local_slot(id, table_here ? table : p.e_table,
+                                                         p.e_n_global, p.num_experts)
+                         : -1;
     const runner::cuda::TinyPlace place = runner::cuda::tiny_place(slot, entries, lane);
     places.slot[lane] = slot;
     places.row[lane] = place.row;
