@@ -33,8 +33,8 @@ struct Decision {
 // The cuda runner's expert GEMMs, chosen once by resolve (choose_cuda_kernels, in
 // src/runner/cuda/kernel_choice.cpp, the one function that decides them) for every batch size up
 // to max_tokens, kept as runs of batch sizes with the same choice; forward() takes the run its T
-// falls in.
-enum class CudaGemmKernel : uint8_t { decode, prefill, wgmma };
+// falls in. one_token: a batch of one token runs both GEMMs and the combine in one kernel.
+enum class CudaGemmKernel : uint8_t { decode, prefill, wgmma, one_token };
 std::string_view cuda_gemm_kernel_name(CudaGemmKernel kernel);
 struct CudaGemmChoice {
   int64_t up_to_tokens = 0;  // this choice serves batches of (previous run's, up_to_tokens]

@@ -48,6 +48,8 @@ std::string_view cuda_gemm_kernel_name(CudaGemmKernel kernel) {
       return "prefill";
     case CudaGemmKernel::wgmma:
       return "wgmma";
+    case CudaGemmKernel::one_token:
+      return "one-token";
   }
   return "?";
 }

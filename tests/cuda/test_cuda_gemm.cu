@@ -7,6 +7,7 @@
 
 #include "cuda/test_cuda_gemm_cases.hpp"
 #include "runner/cuda/gemm/expert_gemm.hpp"
+#include "runner/cuda/gemm/one_token.hpp"
 
 namespace moekit::test::cuda_gemm {
 namespace {
@@ -22,6 +23,8 @@ using moekit::cuda_gemm::kRowsFromHiddenMaxTokens;
 using moekit::cuda_gemm::kWgmmaDecodeTile;
 using moekit::cuda_gemm::launch_gemm1;
 using moekit::cuda_gemm::launch_gemm2;
+using moekit::cuda_gemm::launch_one_token;
+using moekit::cuda_gemm::OneTokenArgs;
 
 class CudaGemm : public ::testing::TestWithParam<GemmCase> {};
 
@@ -180,23 +183,49 @@ TEST(CudaGemmChoice, Fp8DecodeSlicesGrowWithTheCtasABatchGives) {
 
 TEST(CudaGemmChoice, SixteenBitDecodeTilesReadTheHiddenStatesOfTheSmallestBatches) {
   // Qwen3-30B-A3B on Hopper: rows = tokens x top-k columns.
-  const auto reads_hidden = [](DType dtype, int64_t tokens, int capability, int64_t top_k = 8) {
+  const auto reads_hidden = [](DType dtype, int64_t tokens, int capability, int64_t top_k = 8,
+                               int intermediate = 768) {
     return choose_gemm({.dtype = dtype,
                         .rows = tokens * top_k,
                         .num_experts = 128,
                         .hidden = 2048,
-                        .intermediate = 768,
+                        .intermediate = intermediate,
                         .compute_capability = capability,
                         .tokens = tokens})
         .rows_from_hidden;
   };
-  EXPECT_TRUE(reads_hidden(DType::bf16, 1, 90));
+  // One token runs the one-token kernel, unless its activations outgrow that kernel's shared
+  // memory (8 entries of I = 8192).
+  EXPECT_TRUE(reads_hidden(DType::bf16, 1, 90, 8, 8192));
   EXPECT_TRUE(reads_hidden(DType::f16, kRowsFromHiddenMaxTokens, 90));
   EXPECT_FALSE(reads_hidden(DType::bf16, kRowsFromHiddenMaxTokens + 1, 90));  // measured slower
   EXPECT_FALSE(reads_hidden(DType::bf16, 2, 90, kMaxDecodeEntries / 2 + 1));  // more entries
   EXPECT_FALSE(reads_hidden(DType::f8e4m3, 1, 90));  // the gather quantises e4m3 rows
   EXPECT_FALSE(reads_hidden(DType::bf16, 1, 80));    // no wgmma decode tiles
   EXPECT_FALSE(reads_hidden(DType::bf16, 0, 90));    // a batch of unknown tokens
+}
+
+TEST(CudaGemmChoice, OneTokenOfSixteenBitWeightsRunsTheOneTokenKernelWhereItFits) {
+  // Qwen3-30B-A3B-shaped: rows = entries of the one token.
+  const auto kernel = [](DType dtype, int64_t tokens, int64_t entries, int hidden,
+                         int intermediate) {
+    return choose_gemm({.dtype = dtype,
+                        .rows = tokens * entries,
+                        .num_experts = 128,
+                        .hidden = hidden,
+                        .intermediate = intermediate,
+                        .compute_capability = 90,
+                        .tokens = tokens})
+        .kernel;
+  };
+  EXPECT_EQ(kernel(DType::bf16, 1, 8, 2048, 768), GemmKernel::one_token);
+  EXPECT_EQ(kernel(DType::f16, 1, 9, 7168, 2048), GemmKernel::one_token);
+  EXPECT_NE(kernel(DType::bf16, 2, 8, 2048, 768), GemmKernel::one_token);
+  EXPECT_NE(kernel(DType::bf16, 0, 8, 2048, 768), GemmKernel::one_token);  // tokens unknown
+  EXPECT_NE(kernel(DType::f8e4m3, 1, 8, 2048, 768), GemmKernel::one_token);
+  EXPECT_NE(kernel(DType::bf16, 1, 8, 2044, 768), GemmKernel::one_token);  // rows not 16 bytes
+  EXPECT_NE(kernel(DType::bf16, 1, 33, 2048, 768), GemmKernel::one_token);
+  EXPECT_NE(kernel(DType::bf16, 1, 8, 2048, 8192), GemmKernel::one_token);  // 128 KB staged
 }
 
 TEST(CudaGemmChoice, RowsThatAreNotSixteenByteAlignedRunOnDecode) {
@@ -337,6 +366,56 @@ TEST(CudaGemmArguments, E4m3EntriesAreRefused) {
   a.choice = reads_entries();
   a.entries = two_tokens_of_two(nullptr);
   EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.entries");
+}
+
+}  // namespace
+}  // namespace moekit::test::cuda_gemm
+
+namespace moekit::test::cuda_gemm {
+namespace {
+
+// One-token arguments that would launch, but for the one field a test changes.
+OneTokenArgs one_token_args() {
+  void* p = reinterpret_cast<void*>(256);
+  OneTokenArgs a;
+  a.hidden = a.w13 = a.w2 = a.output = p;
+  a.hidden_size = 64;
+  a.intermediate = 32;
+  a.ids = static_cast<const int32_t*>(p);
+  a.columns = 8;
+  a.weights = static_cast<const float*>(p);
+  a.gate_up = static_cast<float*>(p);
+  a.counters = static_cast<uint32_t*>(p);
+  a.grid = {.blocks = 132, .shared_bytes = 1 << 16};
+  return a;
+}
+
+struct OneTokenRefusal {
+  const char* name;
+  void (*change)(OneTokenArgs&);
+  const char* names;
+};
+
+TEST(CudaOneTokenArguments, AreRefusedNamingWhatIsWrong) {
+  const OneTokenRefusal refusals[] = {
+      {"e4m3 weights", [](OneTokenArgs& a) { a.dtype = DType::f8e4m3; }, "bf16 or f16"},
+      {"rows of 62 columns", [](OneTokenArgs& a) { a.hidden_size = 62; }, "multiples of 8"},
+      {"no entries", [](OneTokenArgs& a) { a.columns = 0; }, "entries per token"},
+      {"33 entries", [](OneTokenArgs& a) { a.columns = 33; }, "entries per token"},
+      {"no output", [](OneTokenArgs& a) { a.output = nullptr; }, "null"},
+      {"unaligned w2", [](OneTokenArgs& a) { a.w2 = reinterpret_cast<void*>(258); }, "aligned"},
+      {"i32 hidden states", [](OneTokenArgs& a) { a.hidden_dtype = DType::i32; }, "hidden"},
+      {"no grid", [](OneTokenArgs& a) { a.grid = {}; }, "one_token_grid"},
+      {"a grid of another layer", [](OneTokenArgs& a) { a.grid.shared_bytes = 64; },
+       "another layer"},
+      {"an empty table", [](OneTokenArgs& a) { a.global_to_local = a.ids; }, "table"},
+  };
+  for (const OneTokenRefusal& r : refusals) {
+    SCOPED_TRACE(r.name);
+    OneTokenArgs a = one_token_args();
+    r.change(a);
+    EXPECT_PRED2(names, refusal([&] { launch_one_token(a, nullptr); }), r.names);
+  }
 }
 
 }  // namespace

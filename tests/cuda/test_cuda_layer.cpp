@@ -81,17 +81,24 @@ std::vector<CudaLayerCase> cases() {
       }
     }
     for (BlockForm form : {BlockForm::overlapped, BlockForm::fused_slot}) {
-      out.push_back({fname + "_dsv3_" + std::string(block_form_name(form)), small_dsv3(), format,
-                     form, DType::bf16, 64});
+      for (int64_t tokens : {1, 64}) {
+        out.push_back(
+            {fname + "_dsv3_" + std::string(block_form_name(form)) + "_T" + std::to_string(tokens),
+             small_dsv3(), format, form, DType::bf16, tokens});
+      }
     }
     out.push_back({fname + "_wide_mixtral_split_k_T1", wide_mixtral(), format, BlockForm::standard,
                    DType::bf16, 1});
-    out.push_back(
-        {fname + "_dsv3_f32_hidden", small_dsv3(), format, BlockForm::standard, DType::f32, 5});
+    for (int64_t tokens : {1, 5}) {
+      out.push_back({fname + "_dsv3_f32_hidden_T" + std::to_string(tokens), small_dsv3(), format,
+                     BlockForm::standard, DType::f32, tokens});
+    }
     out.push_back(
         {fname + "_dsv3_f16_hidden", small_dsv3(), format, BlockForm::standard, DType::f16, 5});
-    out.push_back({fname + "_dsv3_ep2_redundant", small_dsv3(), format, BlockForm::standard,
-                   DType::bf16, 9, 2, 2});
+    for (int64_t tokens : {1, 9}) {
+      out.push_back({fname + "_dsv3_ep2_redundant_T" + std::to_string(tokens), small_dsv3(), format,
+                     BlockForm::standard, DType::bf16, tokens, 2, 2});
+    }
     out.push_back({fname + "_dsv3_ep4", small_dsv3(), format, BlockForm::fused_slot, DType::bf16,
                    1000, 4, 0});
   }
@@ -251,49 +258,53 @@ TEST(CudaLayer, ANonFiniteInputIsReportedAtSynchronizeNamingItsRow) {
 // forward would make the capture fail.
 TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
   MOEKIT_REQUIRE_GPU();
-  // fused-slot: the routed combine writes the output (Plan::fusions.combine_to_output).
+  // fused-slot: the routed combine writes the output (Plan::fusions.combine_to_output). One
+  // token of 16-bit weights: the one-token kernel's cooperative launch, in the overlapped form
+  // on two streams at once.
   for (BlockForm form : {BlockForm::standard, BlockForm::overlapped, BlockForm::fused_slot}) {
-    SCOPED_TRACE(block_form_name(form));
-    Options options = on_gpu();
-    options.form = form;
-    // small_dsv3's shared expert cannot be split into fp8 slots (resolve would fall back).
-    options.weights = form == BlockForm::fused_slot ? QuantParams(WeightFormat::bf16)
-                                                    : QuantParams::Fp8Block(128);
-    options.max_tokens = 16;
-    const ModelSpec spec = small_dsv3();
-    const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
-    MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
-    cudaStream_t stream = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    DeviceRun d =
-        device_inputs(random_inputs(spec, 16, DType::bf16, 7), 16, spec.hidden, spec.routing.top_k);
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (const int64_t T : {16, 1}) {
+      SCOPED_TRACE(std::string(block_form_name(form)) + " T=" + std::to_string(T));
+      Options options = on_gpu();
+      options.form = form;
+      // small_dsv3's shared expert cannot be split into fp8 slots (resolve would fall back).
+      options.weights = form == BlockForm::fused_slot || T == 1 ? QuantParams(WeightFormat::bf16)
+                                                                : QuantParams::Fp8Block(128);
+      options.max_tokens = 16;
+      const ModelSpec spec = small_dsv3();
+      const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
+      MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      DeviceRun d =
+          device_inputs(random_inputs(spec, T, DType::bf16, 7), T, spec.hidden, spec.routing.top_k);
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
 
-    const Inputs fresh = random_inputs(spec, 16, DType::bf16, 8);
-    copy(d.hidden, fresh.hidden);
-    copy(d.logits, fresh.logits);
-    d.output.fill_bytes(cuda_testing::kPoison);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    const std::vector<uint16_t> replayed = download<uint16_t>(d.output);
+      const Inputs fresh = random_inputs(spec, T, DType::bf16, 8);
+      copy(d.hidden, fresh.hidden);
+      copy(d.logits, fresh.logits);
+      d.output.fill_bytes(cuda_testing::kPoison);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::vector<uint16_t> replayed = download<uint16_t>(d.output);
 
-    d.output.fill_bytes(cuda_testing::kPoison);
-    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-    layer.synchronize();
-    const std::vector<uint16_t> eager = download<uint16_t>(d.output);
-    EXPECT_EQ(replayed, eager);
-    layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-    layer.synchronize();
-    EXPECT_EQ(download<uint16_t>(d.output), eager) << "the same inputs gave other bits";
+      d.output.fill_bytes(cuda_testing::kPoison);
+      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+      layer.synchronize();
+      const std::vector<uint16_t> eager = download<uint16_t>(d.output);
+      EXPECT_EQ(replayed, eager);
+      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+      layer.synchronize();
+      EXPECT_EQ(download<uint16_t>(d.output), eager) << "the same inputs gave other bits";
 
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+    }
   }
 }
 

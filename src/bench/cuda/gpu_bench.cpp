@@ -294,6 +294,7 @@ std::string gemm_path(const Plan& plan, int64_t tokens) {
   if (c.kernel == CudaGemmKernel::decode) {
     return fmt::format("decode/{}x{}", c.gemm1_slices, c.gemm2_slices);
   }
+  if (c.kernel == CudaGemmKernel::one_token) return "one-token";
   std::string path = fmt::format("{}/{}", cuda_gemm_kernel_name(c.kernel), c.token_tile);
   // wgmma's narrower CTAs, GEMM1's and GEMM2's weight rows (- for the tile's widest).
   if (c.gemm1_cols != 0 || c.gemm2_cols != 0) {

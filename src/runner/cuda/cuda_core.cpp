@@ -18,6 +18,7 @@
 #include "core/scratch.hpp"
 #include "moekit/error.hpp"
 #include "runner/cuda/gemm/expert_gemm.hpp"
+#include "runner/cuda/gemm/one_token.hpp"
 #include "runner/cuda/kernel_choice.hpp"
 #include "runner/cuda/permute.hpp"
 #include "runner/registry.hpp"
@@ -55,8 +56,13 @@ class CudaCore final : public RunnerCore {
         gather_in_gemm1_(plan.fusions.gather_in_gemm1),
         max_rows_(sort_max_rows(problem.max_rows(), problem.slots, 1, 0)),
         split_(split_k_needs()),
-        split_counters_(
-            Buffer::allocate(problem.device, 4 * (split_.gemm1.counters + split_.gemm2.counters))) {
+        one_token_(runs_one_token()),
+        split_counters_(Buffer::allocate(
+            problem.device,
+            4 * (split_.gemm1.counters + split_.gemm2.counters + (one_token_ ? 2 : 0)))) {
+    if (one_token_) {
+      one_token_grid_ = cuda_gemm::one_token_grid(dtype_, p_.hidden, p_.intermediate, p_.columns);
+    }
     if (split_counters_.bytes() > 0) {
       cuda_device::fill(problem.device, split_counters_.data(), 0, split_counters_.bytes());
     }
@@ -75,6 +81,11 @@ class CudaCore final : public RunnerCore {
     cudaStream_t stream = ctx.stream;
     ScratchCarver carver(scratch);
     const Arrays a = carve(carver);
+    const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
+    if (c.kernel == CudaGemmKernel::one_token) {
+      if (in.tokens == 1) run_one_token(in, w, a, stream);
+      return;
+    }
     const int64_t H = p_.hidden, I = p_.intermediate;
     const int64_t entries = in.tokens * in.columns;
     // Plan::fusions.map_in_sort: the entries are global ids and the sort maps them to slots.
@@ -110,7 +121,6 @@ class CudaCore final : public RunnerCore {
         .scales = fp8_ && !static_ ? a.x_scales : nullptr,
         .quant_group = static_cast<int>(x_group),
         .static_scale = static_ ? w.device_input_scales : nullptr};
-    const CudaGemmChoice& c = CudaKernels::for_tokens(kernels_, in.tokens);
     const cuda_gemm::GemmChoice choice = moekit::cuda::to_gemm(c);
     // Plan::fusions.gather_in_gemm1: the GEMMs take the entries as they are and GEMM1 reads the
     // hidden states, where those are in the weights' dtype on a 16-byte boundary (TMA's).
@@ -208,6 +218,38 @@ class CudaCore final : public RunnerCore {
   }
 
  private:
+  struct Arrays;
+  // The plan's one-token kernel: the batch's one token, both GEMMs and the combine.
+  void run_one_token(const DispatchOutput& in, const CoreWeights& w, const Arrays& a,
+                     cudaStream_t stream) const {
+    const bool to_output = in.output != nullptr;
+    cuda_gemm::launch_one_token(
+        {.dtype = dtype_,
+         .hidden = in.hidden.data,
+         .hidden_dtype = in.hidden.dtype,
+         .hidden_size = static_cast<int>(p_.hidden),
+         .intermediate = static_cast<int>(p_.intermediate),
+         .ids = in.slots,
+         .global_to_local = in.global_to_local,
+         .n_global = in.n_global,
+         .columns = in.columns,
+         .weights = in.weights,
+         .w13 = w.w13.weight.data,
+         .w2 = w.w2.weight.data,
+         .activation = p_.activation,
+         .gate_up = a.gate_up,
+         .counters = split_counter(split_.gemm1.counters + split_.gemm2.counters),
+         .output = to_output ? in.output : in.sum,
+         .output_dtype = to_output ? in.output_dtype : DType::f32,
+         .grid = one_token_grid_},
+        stream);
+  }
+  bool runs_one_token() const {
+    for (const CudaGemmChoice& run : kernels_) {
+      if (run.kernel == CudaGemmKernel::one_token) return true;
+    }
+    return false;
+  }
   struct Arrays {
     int32_t* counts;
     int32_t* offsets;
@@ -222,6 +264,7 @@ class CudaCore final : public RunnerCore {
     float* out;             // [max_rows, H]
     float* gemm1_partials;  // split K (SplitNeeds)
     float* gemm2_partials;
+    float* gate_up;  // the one-token kernel's GEMM1 sums
   };
   // What split K needs at most over the plan's runs, each at its largest batch: the partial
   // sums are scratch of each forward, the counters this core's own (zeroed once, and left zero
@@ -251,19 +294,21 @@ class CudaCore final : public RunnerCore {
   Arrays carve(ScratchCarver& carver) const {
     const int64_t H = p_.hidden, I = p_.intermediate, R = max_rows_;
     const DType act_dtype = fp8_ ? DType::f32 : dtype_;
-    return {carver.take<int32_t>(p_.slots),
-            carver.take<int32_t>(p_.slots + 1),
-            carver.take<int32_t>(R),
-            carver.take<int32_t>(p_.max_rows()),
-            carver.take<std::byte>(runner::cuda::sort_scratch_bytes(p_.max_rows(), p_.slots)),
-            carver.take<std::byte>(dtype_storage_bytes(dtype_, R * H)),
-            carver.take<float>(fp8_ ? R * groups(H, scale_group(p_.quant, H)) : 0),
-            carver.take<std::byte>(dtype_storage_bytes(act_dtype, R * I)),
-            carver.take<uint8_t>(fp8_ ? R * I : 0),
-            carver.take<float>(fp8_ ? R * groups(I, scale_group(p_.quant, I)) : 0),
-            carver.take<float>(R * H),
-            carver.take<float>(split_.gemm1.partials),
-            carver.take<float>(split_.gemm2.partials)};
+    return {
+        carver.take<int32_t>(p_.slots),
+        carver.take<int32_t>(p_.slots + 1),
+        carver.take<int32_t>(R),
+        carver.take<int32_t>(p_.max_rows()),
+        carver.take<std::byte>(runner::cuda::sort_scratch_bytes(p_.max_rows(), p_.slots)),
+        carver.take<std::byte>(dtype_storage_bytes(dtype_, R * H)),
+        carver.take<float>(fp8_ ? R * groups(H, scale_group(p_.quant, H)) : 0),
+        carver.take<std::byte>(dtype_storage_bytes(act_dtype, R * I)),
+        carver.take<uint8_t>(fp8_ ? R * I : 0),
+        carver.take<float>(fp8_ ? R * groups(I, scale_group(p_.quant, I)) : 0),
+        carver.take<float>(R * H),
+        carver.take<float>(split_.gemm1.partials),
+        carver.take<float>(split_.gemm2.partials),
+        carver.take<float>(one_token_ ? cuda_gemm::one_token_scratch_floats(I, p_.columns) : 0)};
   }
 
   ExpertsProblem p_;
@@ -274,7 +319,9 @@ class CudaCore final : public RunnerCore {
   bool gather_in_gemm1_;
   int64_t max_rows_;
   SplitNeeds split_;
-  Buffer split_counters_;
+  bool one_token_;  // some run of the plan's choice is the one-token kernel
+  cuda_gemm::OneTokenGrid one_token_grid_;
+  Buffer split_counters_;  // split K's (GEMM1's, GEMM2's), then the one-token barrier's two
 };
 
 }  // namespace

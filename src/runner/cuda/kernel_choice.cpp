@@ -13,6 +13,8 @@ CudaGemmKernel from_gemm(cuda_gemm::GemmKernel kernel) {
       return CudaGemmKernel::prefill;
     case cuda_gemm::GemmKernel::wgmma:
       return CudaGemmKernel::wgmma;
+    case cuda_gemm::GemmKernel::one_token:
+      return CudaGemmKernel::one_token;
   }
   return CudaGemmKernel::decode;
 }
@@ -66,8 +68,14 @@ std::string describe_runs(const std::vector<CudaGemmChoice>& runs) {
   std::string text;
   int64_t from = 1;
   for (const CudaGemmChoice& c : runs) {
-    text += fmt::format("{}T {}-{}: {} tile {}", text.empty() ? "" : "; ", from, c.up_to_tokens,
-                        cuda_gemm_kernel_name(c.kernel), c.token_tile);
+    text += fmt::format("{}T {}-{}: {}", text.empty() ? "" : "; ", from, c.up_to_tokens,
+                        cuda_gemm_kernel_name(c.kernel));
+    if (c.kernel == CudaGemmKernel::one_token) {
+      text += " (both GEMMs and the combine in one kernel of CUDA-core dot products)";
+      from = c.up_to_tokens + 1;
+      continue;
+    }
+    text += fmt::format(" tile {}", c.token_tile);
     if (c.kernel == CudaGemmKernel::decode) {
       text += fmt::format(" ({}/{} slices)", c.gemm1_slices, c.gemm2_slices);
     }
@@ -117,6 +125,9 @@ cuda_gemm::GemmChoice to_gemm(const CudaGemmChoice& c) {
       break;
     case CudaGemmKernel::wgmma:
       kernel = cuda_gemm::GemmKernel::wgmma;
+      break;
+    case CudaGemmKernel::one_token:
+      kernel = cuda_gemm::GemmKernel::one_token;
       break;
   }
   return {.kernel = kernel,

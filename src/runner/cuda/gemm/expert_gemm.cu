@@ -9,6 +9,7 @@
 
 #include "core/cuda_launch.cuh"
 #include "runner/cuda/gemm/gemm_kernels.cuh"
+#include "runner/cuda/gemm/one_token.hpp"
 
 namespace moekit::cuda_gemm {
 
@@ -181,6 +182,9 @@ void fill_split(const Shape& s, const GemmChoice& choice, const SplitK& split, d
 // where GEMM1 reads them, else `rows`).
 void launch(const Shape& s, detail::Params p, bool per_block, int64_t rows, int64_t a_rows,
             const GemmChoice& choice, const SplitK& split, cudaStream_t stream) {
+  if (choice.kernel == GemmKernel::one_token) {
+    bad(std::string(s.who) + ".choice: one-token runs both GEMMs in one launch (launch_one_token)");
+  }
   fill_split(s, choice, split, p);
   const int slices = s.gated ? choice.gemm1_slices : choice.gemm2_slices;
   p.slices = choice.kernel == GemmKernel::decode ? slices : 1;
@@ -319,6 +323,7 @@ void fill_entries(const Shape& s, const GemmChoice& choice, const DecodeEntries&
 }  // namespace
 
 std::string GemmChoice::str() const {
+  if (kernel == GemmKernel::one_token) return "one-token";
   if (kernel == GemmKernel::prefill) return "prefill/" + std::to_string(token_tile);
   if (kernel == GemmKernel::wgmma) {
     const auto cols = [](int c) { return c == 0 ? std::string("widest") : std::to_string(c); };
@@ -338,6 +343,10 @@ std::string GemmChoice::str() const {
 }
 
 GemmChoice choose_gemm(const GemmProblem& problem) {
+  if (problem.tokens == 1 &&
+      !one_token_unsupported(problem.dtype, problem.hidden, problem.intermediate, problem.rows)) {
+    return {.kernel = GemmKernel::one_token, .token_tile = 1};
+  }
   const int64_t rows = std::max<int64_t>(problem.rows, 1);
   const int64_t hit = std::min<int64_t>(std::max(problem.num_experts, 1), rows);
   const int64_t per_expert = ceil_div(rows, hit);

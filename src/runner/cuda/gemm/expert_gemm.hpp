@@ -37,7 +37,9 @@ namespace moekit::cuda_gemm {
 // wgmma: Hopper's warpgroup MMA fed by TMA copies from a producer warp (sm_90a; 64 or 128 rows
 // x 128 or 256 weight rows, or the decode tiles of 8 or 16 rows with the weights on wgmma's M
 // side), e4m3 on the fp8 tensor cores; on GPUs of compute capability 9.0.
-enum class GemmKernel : uint8_t { decode, prefill, wgmma };
+// one_token: a batch of one token, both GEMMs and the weighted sum in one kernel of CUDA-core
+// dot products (one_token.hpp); launch_one_token runs it, not launch_gemm1 and launch_gemm2.
+enum class GemmKernel : uint8_t { decode, prefill, wgmma, one_token };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::decode;
@@ -76,6 +78,9 @@ struct GemmProblem {
 };
 
 // The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
+// - one token (tokens == 1) of 16-bit weights whose shapes the one-token kernel takes
+//   (one_token_unsupported): one_token, its four kernels' launches and ramps gone
+//   (bench/cuda/NOTES.md v18).
 // - e4m3: decode while an expert hit by the batch gets at most 4 rows on average
 //   (rows / min(E, rows)), with as many slices per CTA (up to 4) as leave two waves of CTAs;
 //   prefill beyond.
