@@ -384,7 +384,7 @@ OneTokenArgs one_token_args() {
   a.ids = static_cast<const int32_t*>(p);
   a.columns = 8;
   a.weights = static_cast<const float*>(p);
-  a.gate_up = static_cast<float*>(p);
+  a.act = p;
   a.counters = static_cast<uint32_t*>(p);
   a.grid = {.blocks = 132, .shared_bytes = 1 << 16};
   return a;

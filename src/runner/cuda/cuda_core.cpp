@@ -237,7 +237,7 @@ class CudaCore final : public RunnerCore {
          .w13 = w.w13.weight.data,
          .w2 = w.w2.weight.data,
          .activation = p_.activation,
-         .gate_up = a.gate_up,
+         .act = a.one_token_act,
          .counters = split_counter(split_.gemm1.counters + split_.gemm2.counters),
          .output = to_output ? in.output : in.sum,
          .output_dtype = to_output ? in.output_dtype : DType::f32,
@@ -264,7 +264,7 @@ class CudaCore final : public RunnerCore {
     float* out;             // [max_rows, H]
     float* gemm1_partials;  // split K (SplitNeeds)
     float* gemm2_partials;
-    float* gate_up;  // the one-token kernel's GEMM1 sums
+    void* one_token_act;  // the one-token kernel's GEMM1 output
   };
   // What split K needs at most over the plan's runs, each at its largest batch: the partial
   // sums are scratch of each forward, the counters this core's own (zeroed once, and left zero
@@ -308,7 +308,7 @@ class CudaCore final : public RunnerCore {
         carver.take<float>(R * H),
         carver.take<float>(split_.gemm1.partials),
         carver.take<float>(split_.gemm2.partials),
-        carver.take<float>(one_token_ ? cuda_gemm::one_token_scratch_floats(I, p_.columns) : 0)};
+        carver.take<std::byte>(one_token_ ? cuda_gemm::one_token_scratch_bytes(I, p_.columns) : 0)};
   }
 
   ExpertsProblem p_;

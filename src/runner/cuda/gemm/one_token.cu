@@ -1,12 +1,12 @@
-// One token's experts in one kernel (one_token.hpp): each warp streams whole weight rows with
-// 16-byte loads against the token's vector in shared memory.
-//   1. GEMM1: the rows of every entry's gate and up, spread over all the grid's warps in
-//      order (consecutive warps, consecutive rows); each row's sum goes to `gate_up`.
-//   2. The barrier: every CTA waits until every CTA has stored its sums.
-//   3. Every CTA computes the whole activation [columns, I] from `gate_up` into shared memory
-//      (a few thousand values: cheaper than a second exchange), then GEMM2 for its own slice
-//      of the output's columns, every entry's row of those columns, and their weighted sum in
-//      entry order.
+// One token's experts in one kernel (one_token.hpp): each warp streams two weight rows at a time
+// with 16-byte loads against vectors in shared memory.
+//   1. GEMM1: an entry's gate row j and up row j per warp, the pairs spread over all the grid's
+//      warps; the warp applies the activation and stores it, rounded to the weights' dtype, in
+//      `act`.
+//   2. The barrier: every CTA waits until every CTA has stored its activations.
+//   3. Every CTA reads the whole activation [columns, I] into shared memory, then runs GEMM2 for
+//      its own slice of the output's columns, every entry's row of each, and their weighted sum
+//      in entry order.
 
 #include "runner/cuda/gemm/one_token.hpp"
 
@@ -17,7 +17,6 @@
 #include <stdexcept>
 
 #include "core/cuda_common.cuh"
-#include "core/cuda_launch.cuh"
 #include "runner/cuda/gemm/gemm_device.cuh"
 
 namespace moekit::cuda_gemm {
@@ -25,9 +24,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// 16-byte loads each lane has in flight per row before it multiplies: enough bytes in flight
-// per SM to keep HBM busy with a few warps.
-constexpr int kLoadsInFlight = 8;
+// 16-byte loads each lane has in flight per row before it multiplies; a warp streams two rows
+// at once, so 8 per lane: enough bytes in flight per SM to keep HBM busy.
+constexpr int kLoadsPerRow = 4;
 // A barrier that waits longer than this has lost a CTA (it cannot happen with a cooperative
 // launch); the kernel traps rather than hang the stream.
 constexpr unsigned long long kBarrierTimeoutNs = 10'000'000'000ull;
@@ -39,7 +38,7 @@ struct OneTokenParams {
   const float* weights;
   const uint4* w13;
   const uint4* w2;
-  float* gate_up;
+  uint16_t* act;
   uint32_t* counters;
   void* output;
   DType hidden_dtype;
@@ -71,6 +70,14 @@ __device__ __forceinline__ uint16_t narrow(float v) {
   }
 }
 
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Four independent sums, so a warp's multiplies are not one chain of dependent FMAs.
 template <bool kBf16>
 __device__ __forceinline__ void fma8(float (&acc)[4], const uint4& w, const uint4& x) {
@@ -85,30 +92,36 @@ __device__ __forceinline__ void fma8(float (&acc)[4], const uint4& w, const uint
   }
 }
 
-// The warp's sum of row . vec over `n16` 16-byte chunks (lane l takes chunks l, l + 32, ...),
-// reduced to every lane. The weights are read once: no L1 allocation.
+// The warp's sums of row_a . vec_a and row_b . vec_b over `n16` 16-byte chunks each (lane l
+// takes chunks l, l + 32, ...), reduced to every lane; both rows' loads are issued before the
+// multiplies. The weights are read once: no L1 allocation.
 template <bool kBf16>
-__device__ __forceinline__ float row_dot(const uint4* __restrict__ row,
-                                         const uint4* __restrict__ vec, int n16, int lane) {
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int base = 0; base < n16; base += 32 * kLoadsInFlight) {
-    uint4 w[kLoadsInFlight];
+__device__ __forceinline__ float2 two_row_dots(const uint4* __restrict__ row_a,
+                                               const uint4* __restrict__ vec_a,
+                                               const uint4* __restrict__ row_b,
+                                               const uint4* __restrict__ vec_b, int n16, int lane) {
+  float acc_a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int base = 0; base < n16; base += 32 * kLoadsPerRow) {
+    uint4 a[kLoadsPerRow], b[kLoadsPerRow];
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
+    for (int u = 0; u < kLoadsPerRow; ++u) {
       const int at = base + u * 32 + lane;
       if (at < n16) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(w[u].x), "=r"(w[u].y), "=r"(w[u].z), "=r"(w[u].w)
-                     : "l"(row + at));
+        a[u] = load_streaming(row_a + at);
+        b[u] = load_streaming(row_b + at);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
+    for (int u = 0; u < kLoadsPerRow; ++u) {
       const int at = base + u * 32 + lane;
-      if (at < n16) fma8<kBf16>(acc, w[u], vec[at]);
+      if (at < n16) {
+        fma8<kBf16>(acc_a, a[u], vec_a[at]);
+        fma8<kBf16>(acc_b, b[u], vec_b[at]);
+      }
     }
   }
-  return cuda_common::warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  return make_float2(cuda_common::warp_sum((acc_a[0] + acc_a[1]) + (acc_a[2] + acc_a[3])),
+                     cuda_common::warp_sum((acc_b[0] + acc_b[1]) + (acc_b[2] + acc_b[3])));
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -142,12 +155,11 @@ __device__ void leave_barrier(uint32_t* counters) {
 }
 
 template <bool kBf16>
-__global__ void __launch_bounds__(kThreads, 4)
+__global__ void __launch_bounds__(kThreads, 3)
     one_token_kernel(const __grid_constant__ OneTokenParams p) {
   extern __shared__ uint4 staged[];  // x [H], then the activation [columns, I]: 16-bit
   __shared__ int32_t slot_of[kOneTokenMaxColumns];
   __shared__ float weight_of[kOneTokenMaxColumns];
-  cuda_launch::wait_for_inputs();
   const int H = p.hidden_size, I = p.intermediate, C = p.columns;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   uint16_t* const vec = reinterpret_cast<uint16_t*>(staged);
@@ -164,37 +176,49 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   __syncthreads();
 
-  const int gemm1_rows = C * 2 * I;
+  // GEMM1: a warp takes an entry's gate row j and up row j, so it applies the activation
+  // itself. Warps are numbered across the CTAs first, so each CTA (and SM) gets an equal share
+  // of the pairs when they do not divide evenly.
+  const int pairs = C * I;
   const int warps = gridDim.x * kWarps;
-  for (int r = blockIdx.x * kWarps + warp; r < gemm1_rows; r += warps) {
-    const int c = r / (2 * I);
+  for (int u = warp * gridDim.x + blockIdx.x; u < pairs; u += warps) {
+    const int c = u / I, j = u - c * I;
     const int32_t slot = slot_of[c];
     if (slot < 0) continue;
-    const int64_t row = int64_t{slot} * 2 * I + (r - c * 2 * I);
-    const float sum = row_dot<kBf16>(p.w13 + row * (H / 8), staged, H / 8, lane);
-    if (lane == 0) p.gate_up[r] = sum;
+    const uint4* gate = p.w13 + (int64_t{slot} * 2 * I + j) * (H / 8);
+    const float2 sums =
+        two_row_dots<kBf16>(gate, staged, gate + int64_t{I} * (H / 8), staged, H / 8, lane);
+    if (lane == 0) p.act[u] = narrow<kBf16>(detail::activate(p.activation, sums.x, sums.y));
   }
   grid_barrier(p.counters);
 
+  // The activation of every entry, [columns, I], into shared memory (over x: every warp of
+  // this CTA is past GEMM1).
   for (int i = threadIdx.x; i < C * I; i += kThreads) {
-    const int c = i / I, j = i - c * I;
-    if (slot_of[c] < 0) continue;
-    const float* sums = p.gate_up + int64_t{c} * 2 * I;
-    vec[i] = narrow<kBf16>(detail::activate(p.activation, __ldcg(sums + j), __ldcg(sums + I + j)));
+    if (slot_of[i / I] >= 0) vec[i] = __ldcg(p.act + i);
   }
   __syncthreads();
   leave_barrier(p.counters);
 
+  // GEMM2: this CTA's output columns [h0, h0 + n), every entry's row of each, two at a time.
   const int h0 = blockIdx.x * p.cols_per_cta;
   const int n = max(0, min(H - h0, p.cols_per_cta));
-  for (int r = warp; r < C * n; r += kWarps) {
-    const int c = r / n, h = h0 + (r - c * n);
-    const int32_t slot = slot_of[c];
-    if (slot < 0) continue;
-    const int64_t row = int64_t{slot} * H + h;
-    const float sum =
-        row_dot<kBf16>(p.w2 + row * (I / 8), staged + int64_t{c} * I / 8, I / 8, lane);
-    if (lane == 0) partial[r] = sum;
+  const int rows = C * n;
+  for (int r = 2 * warp; r < rows; r += 2 * kWarps) {
+    const int ra = r, rb = min(r + 1, rows - 1);
+    const int ca = ra / n, cb = rb / n;
+    const int32_t sa = slot_of[ca], sb = slot_of[cb];
+    if (sa < 0 && sb < 0) continue;
+    // An entry off this rank reads the other row again and its sum is never used.
+    const int64_t row_a = int64_t{sa < 0 ? sb : sa} * H + h0 + (ra - ca * n);
+    const int64_t row_b = int64_t{sb < 0 ? sa : sb} * H + h0 + (rb - cb * n);
+    const float2 sums =
+        two_row_dots<kBf16>(p.w2 + row_a * (I / 8), staged + int64_t{ca} * I / 8,
+                            p.w2 + row_b * (I / 8), staged + int64_t{cb} * I / 8, I / 8, lane);
+    if (lane == 0) {
+      partial[ra] = sums.x;
+      partial[rb] = sums.y;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += kThreads) {
@@ -257,7 +281,7 @@ std::optional<std::string> one_token_unsupported(DType dtype, int64_t hidden, in
   return std::nullopt;
 }
 
-int64_t one_token_scratch_floats(int64_t intermediate, int64_t columns) {
+int64_t one_token_scratch_bytes(int64_t intermediate, int64_t columns) {
   return 2 * intermediate * columns;
 }
 
@@ -287,7 +311,7 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
   if (const auto why = one_token_unsupported(a.dtype, a.hidden_size, a.intermediate, a.columns)) {
     bad(*why);
   }
-  if (a.hidden == nullptr || a.ids == nullptr || a.weights == nullptr || a.gate_up == nullptr ||
+  if (a.hidden == nullptr || a.ids == nullptr || a.weights == nullptr || a.act == nullptr ||
       a.counters == nullptr || a.output == nullptr) {
     bad("an input, scratch or output pointer is null");
   }
@@ -312,7 +336,7 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
       .weights = a.weights,
       .w13 = static_cast<const uint4*>(a.w13),
       .w2 = static_cast<const uint4*>(a.w2),
-      .gate_up = a.gate_up,
+      .act = static_cast<uint16_t*>(a.act),
       .counters = a.counters,
       .output = a.output,
       .hidden_dtype = a.hidden_dtype,
@@ -325,19 +349,19 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
       .staged_elems = static_cast<int>(staged_elems(a.hidden_size, a.intermediate, a.columns)),
       .activation = a.activation};
   // Cooperative: the runtime starts the grid only where every CTA is resident at once, which
-  // the barrier needs (a smaller launch beside it on another stream waits rather than deadlock).
-  cudaLaunchAttribute attrs[2]{};
+  // the barrier needs (a launch beside it on another stream waits rather than deadlock). Not a
+  // programmatic dependent launch: a CUDA graph capture refuses the two together ("invalid
+  // argument" on an H100, CUDA 13).
+  cudaLaunchAttribute attrs[1]{};
   attrs[0].id = cudaLaunchAttributeCooperative;
   attrs[0].val.cooperative = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(a.grid.blocks));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = a.grid.shared_bytes;
   config.stream = stream;
   config.attrs = attrs;
-  config.numAttrs = cuda_launch::overlapping_launches() ? 2 : 1;
+  config.numAttrs = 1;
   const cudaError_t status = a.dtype == DType::bf16
                                  ? cudaLaunchKernelEx(&config, one_token_kernel<true>, p)
                                  : cudaLaunchKernelEx(&config, one_token_kernel<false>, p);

@@ -44,8 +44,8 @@ struct OneTokenGrid {
 };
 OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, int64_t columns);
 
-// The gate and up sums GEMM1 leaves for GEMM2, in floats.
-int64_t one_token_scratch_floats(int64_t intermediate, int64_t columns);
+// The activation GEMM1 leaves for GEMM2 ([columns, I] in the weights' dtype), in bytes.
+int64_t one_token_scratch_bytes(int64_t intermediate, int64_t columns);
 
 struct OneTokenArgs {
   DType dtype = DType::bf16;     // of w13 and w2: bf16 or f16
@@ -61,7 +61,7 @@ struct OneTokenArgs {
   const void* w13 = nullptr;       // [slots, 2I, H]
   const void* w2 = nullptr;        // [slots, H, I]
   Activation activation;
-  float* gate_up = nullptr;      // [columns, 2I] scratch (one_token_scratch_floats)
+  void* act = nullptr;           // [columns, I] scratch (one_token_scratch_bytes)
   uint32_t* counters = nullptr;  // 2, zero before the first launch; every launch leaves them zero
   void* output = nullptr;        // [H]: the weighted sum over the entries on this rank
   DType output_dtype = DType::f32;
