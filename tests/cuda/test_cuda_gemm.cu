@@ -219,7 +219,10 @@ TEST(CudaGemmChoice, OneTokenOfSixteenBitWeightsRunsTheOneTokenKernelWhereItFits
         .kernel;
   };
   EXPECT_EQ(kernel(DType::bf16, 1, 8, 2048, 768), GemmKernel::one_token);
-  EXPECT_EQ(kernel(DType::f16, 1, 9, 7168, 2048), GemmKernel::one_token);
+  EXPECT_EQ(kernel(DType::f16, 1, 4, 2048, 2048), GemmKernel::one_token);
+  // DeepSeek-V3 (792 MB a token) and Mixtral-8x7B (705 MB) stream faster on the grouped path.
+  EXPECT_NE(kernel(DType::bf16, 1, 9, 7168, 2048), GemmKernel::one_token);
+  EXPECT_NE(kernel(DType::bf16, 1, 2, 4096, 14336), GemmKernel::one_token);
   EXPECT_NE(kernel(DType::bf16, 2, 8, 2048, 768), GemmKernel::one_token);
   EXPECT_NE(kernel(DType::bf16, 0, 8, 2048, 768), GemmKernel::one_token);  // tokens unknown
   EXPECT_NE(kernel(DType::f8e4m3, 1, 8, 2048, 768), GemmKernel::one_token);

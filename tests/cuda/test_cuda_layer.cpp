@@ -51,11 +51,12 @@ ModelSpec one_block_dsv3() {
   return spec;
 }
 
-// Few experts of many weight rows (Mixtral's shape, scaled down): at T = 1 GEMM2's 8 tiles of
-// 1.5-3 MB split K (choose_gemm), so the core's split partials and counters are in the path.
+// Few experts of many weight rows (Mixtral's shape, scaled down): at T = 1 GEMM2's tiles split K
+// (choose_gemm), so the core's split partials and counters are in the path; its token reads
+// 151 MB of 16-bit weights, more than the one-token kernel takes.
 ModelSpec wide_mixtral() {
   ModelSpec spec = ModelSpec::preset("mixtral");
-  spec.hidden = 1024;
+  spec.hidden = 2048;
   spec.intermediate = 6144;
   return spec;
 }

@@ -343,7 +343,9 @@ std::string GemmChoice::str() const {
 }
 
 GemmChoice choose_gemm(const GemmProblem& problem) {
-  if (problem.tokens == 1 &&
+  const int64_t token_weight_bytes = problem.rows * 3 * int64_t{problem.hidden} *
+                                     problem.intermediate * dtype_storage_bytes(problem.dtype, 1);
+  if (problem.tokens == 1 && token_weight_bytes <= kOneTokenMaxWeightBytes &&
       !one_token_unsupported(problem.dtype, problem.hidden, problem.intermediate, problem.rows)) {
     return {.kernel = GemmKernel::one_token, .token_tile = 1};
   }

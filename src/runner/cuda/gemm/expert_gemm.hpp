@@ -79,8 +79,8 @@ struct GemmProblem {
 
 // The kernel and tile for a problem (measured on the H200, bench/cuda/NOTES.md):
 // - one token (tokens == 1) of 16-bit weights whose shapes the one-token kernel takes
-//   (one_token_unsupported): one_token, its four kernels' launches and ramps gone
-//   (bench/cuda/NOTES.md v18).
+//   (one_token_unsupported) and that reads at most kOneTokenMaxWeightBytes of weights:
+//   one_token, the grouped path's chain of launches gone (bench/cuda/NOTES.md v18).
 // - e4m3: decode while an expert hit by the batch gets at most 4 rows on average
 //   (rows / min(E, rows)), with as many slices per CTA (up to 4) as leave two waves of CTAs;
 //   prefill beyond.

@@ -14,7 +14,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "core/cuda_common.cuh"
@@ -51,7 +50,6 @@ struct OneTokenParams {
   int cols_per_cta;  // GEMM2's output columns per CTA
   int staged_elems;  // 16-bit elements of the staged vector region (x, then the activation)
   Activation activation;
-  int prefetch_mode;
 };
 
 template <bool kBf16>
@@ -69,20 +67,6 @@ __device__ __forceinline__ uint16_t narrow(float v) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
   } else {
     return __half_as_ushort(__float2half_rn(v));
-  }
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// The lines of `bytes` bytes from `p` into L2, the threads of `count` (from `first`) taking
-// every count-th line.
-__device__ __forceinline__ void prefetch_range(const void* p, int64_t bytes, int first,
-                                               int count) {
-  const char* base = static_cast<const char*>(p);
-  for (int64_t at = int64_t{first} * 128; at < bytes; at += int64_t{count} * 128) {
-    prefetch_l2(base + at);
   }
 }
 
@@ -197,34 +181,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   // of the pairs when they do not divide evenly.
   const int pairs = C * I;
   const int warps = gridDim.x * kWarps;
-  const int h0 = blockIdx.x * p.cols_per_cta;
-  const int n = max(0, min(H - h0, p.cols_per_cta));
-  const auto prefetch_gemm2 = [&] {
-    for (int c = 0; c < C; ++c) {
-      if (slot_of[c] < 0) continue;
-      prefetch_range(p.w2 + (int64_t{slot_of[c]} * H + h0) * (I / 8), int64_t{n} * I * 2,
-                     threadIdx.x, kThreads);
-    }
-  };
-  if (p.prefetch_mode == 1) prefetch_gemm2();
-  const auto gate_row = [&](int u) -> const uint4* {
-    const int c = u / I;
-    return slot_of[c] < 0 ? nullptr : p.w13 + (int64_t{slot_of[c]} * 2 * I + (u - c * I)) * (H / 8);
-  };
   for (int u = warp * gridDim.x + blockIdx.x; u < pairs; u += warps) {
-    if (p.prefetch_mode != 0 && u + warps < pairs) {
-      if (const uint4* next = gate_row(u + warps)) {
-        prefetch_range(next, int64_t{H} * 2, lane, 32);
-        prefetch_range(next + int64_t{I} * (H / 8), int64_t{H} * 2, lane, 32);
-      }
-    }
-    const uint4* gate = gate_row(u);
-    if (gate == nullptr) continue;
+    const int c = u / I, j = u - c * I;
+    const int32_t slot = slot_of[c];
+    if (slot < 0) continue;
+    const uint4* gate = p.w13 + (int64_t{slot} * 2 * I + j) * (H / 8);
     const float2 sums =
         two_row_dots<kBf16>(gate, staged, gate + int64_t{I} * (H / 8), staged, H / 8, lane);
     if (lane == 0) p.act[u] = narrow<kBf16>(detail::activate(p.activation, sums.x, sums.y));
   }
-  if (p.prefetch_mode == 2) prefetch_gemm2();
   grid_barrier(p.counters);
 
   // The activation of every entry, [columns, I], into shared memory (over x: every warp of
@@ -236,6 +201,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   leave_barrier(p.counters);
 
   // GEMM2: this CTA's output columns [h0, h0 + n), every entry's row of each, two at a time.
+  const int h0 = blockIdx.x * p.cols_per_cta;
+  const int n = max(0, min(H - h0, p.cols_per_cta));
   const int rows = C * n;
   for (int r = 2 * warp; r < rows; r += 2 * kWarps) {
     const int ra = r, rb = min(r + 1, rows - 1);
@@ -387,8 +354,7 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
       .columns = a.columns,
       .cols_per_cta = cols_per_cta,
       .staged_elems = static_cast<int>(staged_elems(a.hidden_size, a.intermediate, a.columns)),
-      .activation = a.activation,
-      .prefetch_mode = std::getenv("MOEKIT_OT_PREFETCH") ? std::atoi(std::getenv("MOEKIT_OT_PREFETCH")) : 0};
+      .activation = a.activation};
   // Cooperative: the runtime starts the grid only where every CTA is resident at once, which
   // the barrier needs (a launch beside it on another stream waits rather than deadlock). Not a
   // programmatic dependent launch: a CUDA graph capture refuses the two together ("invalid
