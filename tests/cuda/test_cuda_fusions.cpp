@@ -574,8 +574,7 @@ std::vector<FusedLayerCase> fused_cases() {
   // slot for the GEMMs to place them, so only rank 0's shared expert does.
   for (int rank = 0; rank < 8; ++rank) {
     out.push_back({"dsv3_ep8_rank" + std::to_string(rank) + "_T1", small_dsv3(), WeightFormat::bf16,
-                   BlockForm::standard, DType::bf16, 1, 8, rank,
-                   rank == 0 ? no_output : all_fp8});
+                   BlockForm::standard, DType::bf16, 1, 8, rank, rank == 0 ? no_output : all_fp8});
   }
   return out;
 }
