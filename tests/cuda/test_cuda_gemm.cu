@@ -293,6 +293,12 @@ TEST(CudaGemmArguments, APrefillTileOtherThan64Or128IsRefused) {
   EXPECT_PRED2(names, refusal([&] { launch_gemm2(a, nullptr); }), "gemm2.choice");
 }
 
+TEST(CudaGemmArguments, TheOneTokenChoiceIsRefusedByTheGroupedLaunches) {
+  Gemm1Args a = gemm1_args();
+  a.choice = {.kernel = GemmKernel::one_token, .token_tile = 1};
+  EXPECT_PRED2(names, refusal([&] { launch_gemm1(a, nullptr); }), "launch_one_token");
+}
+
 TEST(CudaGemmArguments, AWgmmaTileOtherThan64Or128IsRefused) {
   Gemm1Args a = gemm1_args();
   a.choice = {GemmKernel::wgmma, 256};

@@ -269,7 +269,7 @@ std::optional<std::string> one_token_unsupported(DType dtype, int64_t hidden, in
     return "the one-token kernel takes 1 to " + std::to_string(kOneTokenMaxColumns) +
            " entries per token, not " + std::to_string(columns);
   }
-  const int64_t staged = std::max(hidden, columns * intermediate) * 2;
+  const int64_t staged = staged_elems(hidden, intermediate, columns) * 2;
   if (staged > kOneTokenMaxStagedBytes) {
     return "the token's activations or hidden state (" + std::to_string(staged) +
            " bytes) exceed the one-token kernel's " + std::to_string(kOneTokenMaxStagedBytes) +
