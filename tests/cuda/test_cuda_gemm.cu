@@ -413,6 +413,7 @@ TEST(CudaOneTokenArguments, AreRefusedNamingWhatIsWrong) {
       {"33 entries", [](OneTokenArgs& a) { a.columns = 33; }, "entries per token"},
       {"no output", [](OneTokenArgs& a) { a.output = nullptr; }, "null"},
       {"unaligned w2", [](OneTokenArgs& a) { a.w2 = reinterpret_cast<void*>(258); }, "aligned"},
+      {"unaligned act", [](OneTokenArgs& a) { a.act = reinterpret_cast<void*>(258); }, "aligned"},
       {"i32 hidden states", [](OneTokenArgs& a) { a.hidden_dtype = DType::i32; }, "hidden"},
       {"no grid", [](OneTokenArgs& a) { a.grid = {}; }, "one_token_grid"},
       {"a grid of another layer", [](OneTokenArgs& a) { a.grid.shared_bytes = 64; },

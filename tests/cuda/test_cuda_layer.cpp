@@ -61,6 +61,15 @@ ModelSpec wide_mixtral() {
   return spec;
 }
 
+// Rows longer than one staging pass of the one-token kernel: H over 2048 elements and the token's
+// activations over 1024 16-byte chunks, each staged in two passes, the second partial.
+ModelSpec long_rows() {
+  ModelSpec spec = small_dsv3();
+  spec.hidden = 2104;
+  spec.intermediate = 2056;
+  return spec;
+}
+
 std::vector<CudaLayerCase> cases() {
   const std::pair<std::string, QuantParams> formats[] = {
       {"bf16", WeightFormat::bf16},
@@ -90,6 +99,10 @@ std::vector<CudaLayerCase> cases() {
     }
     out.push_back({fname + "_wide_mixtral_split_k_T1", wide_mixtral(), format, BlockForm::standard,
                    DType::bf16, 1});
+    if (!format.quantized()) {
+      out.push_back(
+          {fname + "_long_rows_T1", long_rows(), format, BlockForm::standard, DType::bf16, 1});
+    }
     for (int64_t tokens : {1, 5}) {
       out.push_back({fname + "_dsv3_f32_hidden_T" + std::to_string(tokens), small_dsv3(), format,
                      BlockForm::standard, DType::f32, tokens});
