@@ -23,6 +23,12 @@
 #   MOEKIT_GPU_BENCH     0 skips the benchmark hook (default 1)
 #   MOEKIT_GPU_TESTS     0 skips the GPU tests and compute-sanitizer and builds only the moekit
 #                        command: a benchmark-only call, for a device session split in two
+#   MOEKIT_AB_BASE       a source tree to time this one against, after the tests and the bench
+#                        (`bench/ab.sh export REV build-ab/base` here, named in the device
+#                        call's carry): bench/ab.sh runs the two builds' benches alternated, its
+#                        output goes to ab.log and its last row into the table
+#   MOEKIT_AB_ARGS       that A/B's bench arguments (default: --device cuda --case
+#                        qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60)
 #
 # Hook for the benchmark: an executable bench/cuda/run.sh is run last as
 # `bench/cuda/run.sh BUILD_DIR OUT_DIR`; it writes its own JSON under OUT_DIR (at most 2 files:
@@ -182,6 +188,20 @@ if [ "${MOEKIT_GPU_BENCH:-1}" != 0 ] && [ -x bench/cuda/run.sh ]; then
   else
     tail -n 20 "$out/bench.log"
     row bench FAILED "see bench.log"
+    status=1
+  fi
+fi
+
+if [ -n "${MOEKIT_AB_BASE:-}" ]; then
+  echo "== A/B against $MOEKIT_AB_BASE (bench/ab.sh)"
+  read -r -a ab_args <<<"${MOEKIT_AB_ARGS:---device cuda --case qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60}"
+  # Each run's JSON stays in the build folder: what comes back from the device is a few files.
+  if AB_OUT="$build/ab" AB_CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON" \
+    bench/ab.sh "$MOEKIT_AB_BASE" "${ab_args[@]}" >"$out/ab.log" 2>&1; then
+    row "a/b" ok "$(tail -n 1 "$out/ab.log")"
+  else
+    tail -n 20 "$out/ab.log"
+    row "a/b" FAILED "see ab.log"
     status=1
   fi
 fi
