@@ -27,8 +27,9 @@
 #                        (`bench/ab.sh export REV build-ab/base` here, named in the device
 #                        call's carry): bench/ab.sh runs the two builds' benches alternated, its
 #                        output goes to ab.log and its last row into the table
-#   MOEKIT_AB_ARGS       that A/B's bench arguments (default: --device cuda --case
-#                        qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60)
+#   MOEKIT_AB_ARGS       that A/B's bench arguments, several sets separated by ';' (one weight
+#                        format each), each an A/B of its own with a row in the table (default:
+#                        --device cuda --case qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60)
 #
 # Hook for the benchmark: an executable bench/cuda/run.sh is run last as
 # `bench/cuda/run.sh BUILD_DIR OUT_DIR`; it writes its own JSON under OUT_DIR (at most 2 files:
@@ -193,17 +194,21 @@ if [ "${MOEKIT_GPU_BENCH:-1}" != 0 ] && [ -x bench/cuda/run.sh ]; then
 fi
 
 if [ -n "${MOEKIT_AB_BASE:-}" ]; then
-  echo "== A/B against $MOEKIT_AB_BASE (bench/ab.sh)"
-  read -r -a ab_args <<<"${MOEKIT_AB_ARGS:---device cuda --case qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60}"
-  # Each run's JSON stays in the build folder: what comes back from the device is a few files.
-  if AB_OUT="$build/ab" AB_CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON" \
-    bench/ab.sh "$MOEKIT_AB_BASE" "${ab_args[@]}" >"$out/ab.log" 2>&1; then
-    row "a/b" ok "$(tail -n 1 "$out/ab.log")"
-  else
-    tail -n 20 "$out/ab.log"
-    row "a/b" FAILED "see ab.log"
-    status=1
-  fi
+  IFS=';' read -r -a ab_sets <<<"${MOEKIT_AB_ARGS:---device cuda --case qwen3-30b-a3b --tokens 1 --weights bf16 --repeats 60}"
+  : >"$out/ab.log"
+  for i in "${!ab_sets[@]}"; do
+    read -r -a ab_args <<<"${ab_sets[$i]}"
+    echo "== A/B against $MOEKIT_AB_BASE: ${ab_args[*]}"
+    # Each run's JSON stays in the build folder: what comes back from the device is a few files.
+    if AB_OUT="$build/ab/$i" AB_CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON" \
+      bench/ab.sh "$MOEKIT_AB_BASE" "${ab_args[@]}" >>"$out/ab.log" 2>&1; then
+      row "a/b" ok "$(tail -n 1 "$out/ab.log")"
+    else
+      tail -n 20 "$out/ab.log"
+      row "a/b" FAILED "see ab.log"
+      status=1
+    fi
+  done
 fi
 
 python3 - "$out/gpu_summary.json" "$status" "${rows[@]}" <<'PY'
