@@ -27,11 +27,11 @@ namespace moekit::cuda_gemm {
 
 // Entries of the token at most (top-k plus fused shared slots).
 constexpr int kOneTokenMaxColumns = 32;
-// The heuristic's bound on the weights one token reads (choose_gemm, bench/cuda/NOTES.md v18):
-// below it the four launches the grouped path chains cost more than this kernel's slower
-// stream (Qwen3-30B-A3B, 75 MB: 50.8 us on an H100 against the grouped path's 52.3 in the
-// session before: a small gain, not alternated in one run); above it the grouped path's stream
-// wins (Mixtral-8x7B, 705 MB: 78.6% of the floor here against about 84% there).
+// The heuristic's bound on the weights one token reads (choose_gemm, bench/cuda/NOTES.md v18,
+// v19): below it the four launches the grouped path chains cost more than this kernel's slower
+// stream (Qwen3-30B-A3B, 75 MB: 46.1 us on an H100 since v19's staging, against the grouped
+// path's 52.3 two sessions before, not alternated in one run); above it the grouped path's
+// stream wins (Mixtral-8x7B, 705 MB: 78.6% of the floor here against about 84% there).
 constexpr int64_t kOneTokenMaxWeightBytes = 128 << 20;
 // Shared memory for the token's activations ([columns, I], 16-bit) or its hidden state at most.
 constexpr int64_t kOneTokenMaxStagedBytes = 96 * 1024;
