@@ -17,6 +17,9 @@
 #   AB_ROUNDS       rounds (default 3)
 #   AB_CMAKE_FLAGS  configure flags for both builds (default: Release; CUDA where nvcc is found)
 #   AB_OUT          where the builds' logs and each run's JSON go (default build-ab/out)
+#   AB_B_BUILD      a build folder of this tree already configured with the same flags (the
+#                   device script's): B's moekit is built there, not in build-ab/b, so a device
+#                   call does not compile this tree twice
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = export ]; then
@@ -41,18 +44,21 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 read -r -a flags <<<"${AB_CMAKE_FLAGS:--DCMAKE_BUILD_TYPE=Release}"
-jobs=$(( ($(nproc) + 1) / 2 ))
+declare -A dir=([a]=$PWD/build-ab/a [b]=${AB_B_BUILD:-$PWD/build-ab/b})
+dir[b]=$(mkdir -p "${dir[b]}" && cd "${dir[b]}" && pwd)
+# Half the cores each; all of them for A where B's folder is built already (AB_B_BUILD).
+declare -A jobs=([a]=$(( ($(nproc) + 1) / 2 )) [b]=$(( ($(nproc) + 1) / 2 )))
+[ -n "${AB_B_BUILD:-}" ] && jobs[a]=$(nproc)
 
 build() {  # side, source dir
-  local dir=$PWD/build-ab/$1
-  if cmake -S "$2" -B "$dir" "${flags[@]}" >"$out/build-$1.log" 2>&1 &&
-    cmake --build "$dir" -j "$jobs" --target moekit >>"$out/build-$1.log" 2>&1; then
+  if cmake -S "$2" -B "${dir[$1]}" "${flags[@]}" >"$out/build-$1.log" 2>&1 &&
+    cmake --build "${dir[$1]}" -j "${jobs[$1]}" --target moekit >>"$out/build-$1.log" 2>&1; then
     return 0
   fi
   tail -n 30 "$out/build-$1.log"
   return 1
 }
-echo "== ab: building A ($base) and B (this tree), $jobs jobs each"
+echo "== ab: building A ($base, ${jobs[a]} jobs) and B (this tree in ${dir[b]}, ${jobs[b]} jobs)"
 build a "$base" &
 a_pid=$!
 build b "$PWD" &
@@ -66,7 +72,7 @@ for ((round = 1; round <= rounds; round++)); do
   ((round % 2 == 0)) && order=(b a)
   for side in "${order[@]}"; do
     echo "== ab: round $round, $side"
-    if ! "build-ab/$side/tools/moekit" bench "$@" --json "$out/$side-$round.json" \
+    if ! "${dir[$side]}/tools/moekit" bench "$@" --json "$out/$side-$round.json" \
       >"$out/$side-$round.log" 2>&1; then
       tail -n 20 "$out/$side-$round.log"
       status=1

@@ -25,7 +25,8 @@
 #                        command: a benchmark-only call, for a device session split in two
 #   MOEKIT_AB_BASE       a source tree to time this one against, after the tests and the bench
 #                        (`bench/ab.sh export REV build-ab/base` here, named in the device
-#                        call's carry): bench/ab.sh runs the two builds' benches alternated, its
+#                        call's carry): bench/ab.sh builds its moekit and runs it alternated
+#                        with this tree's (from the test build's folder: AB_B_BUILD), its
 #                        output goes to ab.log and its last row into the table
 #   MOEKIT_AB_ARGS       that A/B's bench arguments, several sets separated by ';' (one weight
 #                        format each), each an A/B of its own with a row in the table (default:
@@ -200,7 +201,8 @@ if [ -n "${MOEKIT_AB_BASE:-}" ]; then
     read -r -a ab_args <<<"${ab_sets[$i]}"
     echo "== A/B against $MOEKIT_AB_BASE: ${ab_args[*]}"
     # Each run's JSON stays in the build folder: what comes back from the device is a few files.
-    if AB_OUT="$build/ab/$i" AB_CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON" \
+    # B is this tree: its moekit comes from the test build's folder, not a second compile.
+    if AB_OUT="$build/ab/$i" AB_B_BUILD="$build" AB_CMAKE_FLAGS="${cmake_flags[*]}" \
       bench/ab.sh "$MOEKIT_AB_BASE" "${ab_args[@]}" >>"$out/ab.log" 2>&1; then
       row "a/b" ok "$(tail -n 1 "$out/ab.log")"
     else
