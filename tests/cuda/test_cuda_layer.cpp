@@ -61,20 +61,11 @@ ModelSpec wide_mixtral() {
   return spec;
 }
 
-// Vectors longer than one staging pass of the one-token kernel, each staged in two or more
-// passes, the last partial: the hidden state (H over 2048 elements), and the token's activations
-// (over 1024 16-byte chunks). Few columns besides, so that the token reads little
-// (compute-sanitizer runs them).
-ModelSpec long_hidden() {
+// small_dsv3 with another H and I.
+ModelSpec sized_dsv3(int64_t hidden, int64_t intermediate) {
   ModelSpec spec = small_dsv3();
-  spec.hidden = 2112;
-  spec.intermediate = 32;
-  return spec;
-}
-ModelSpec long_intermediate() {
-  ModelSpec spec = small_dsv3();
-  spec.hidden = 64;
-  spec.intermediate = 2064;
+  spec.hidden = hidden;
+  spec.intermediate = intermediate;
   return spec;
 }
 
@@ -107,9 +98,13 @@ std::vector<CudaLayerCase> cases() {
     }
     out.push_back({fname + "_wide_mixtral_split_k_T1", wide_mixtral(), format, BlockForm::standard,
                    DType::bf16, 1});
-    out.push_back(
-        {fname + "_long_hidden_T1", long_hidden(), format, BlockForm::standard, DType::bf16, 1});
-    out.push_back({fname + "_long_intermediate_T1", long_intermediate(), format,
+    // Vectors longer than one staging pass of the one-token kernel, each staged in two or more
+    // passes, the last partial: the hidden state (H over 2048 elements), and the token's
+    // activations (over 1024 16-byte chunks). Few columns besides, so that the token reads little
+    // (compute-sanitizer runs them).
+    out.push_back({fname + "_long_hidden_T1", sized_dsv3(2112, 32), format, BlockForm::standard,
+                   DType::bf16, 1});
+    out.push_back({fname + "_long_intermediate_T1", sized_dsv3(64, 2064), format,
                    BlockForm::standard, DType::bf16, 1});
     for (int64_t tokens : {1, 5}) {
       out.push_back({fname + "_dsv3_f32_hidden_T" + std::to_string(tokens), small_dsv3(), format,
