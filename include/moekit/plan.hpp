@@ -83,6 +83,13 @@ struct GpuFusions {
   // so no sort + gather kernel runs before GEMM1; where the hidden states come in the weights'
   // dtype (a call with other hidden states sorts and gathers as before).
   bool gather_in_gemm1 = false;
+  // block -> runner: a batch of one token is routed by the routed experts' one-token kernel
+  // itself (the router kernel's warp code in every CTA, with its finite checks and physical
+  // columns; one CTA writes the router's outputs), so no router kernel runs before it; where
+  // the plan's choice for one token is the one-token kernel, the router writes the physical
+  // columns and runs the checks (route_to_physical, checks_in_router or no checks), and the
+  // standard dispatcher hands the runner the global ids (map_in_sort).
+  bool route_in_runner = false;
 };
 
 // How the shared experts run, when the block form computes them apart from the routed ones.

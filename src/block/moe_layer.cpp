@@ -185,7 +185,7 @@ class MoeLayer::Impl {
       // Plan::fusions.combine_to_output: the routed experts write the output, and no output
       // stage runs (resolve fuses them only where nothing is added to the routed sum).
       routed_.forward(ctx_, hidden, routed.physical_ids, routed.physical_weights, arrays_.routed,
-                      plan_.fusions.combine_to_output ? &output : nullptr);
+                      plan_.fusions.combine_to_output ? &output : nullptr, routed.deferred);
     } catch (const Error&) {
       if (shared_) shared_->finish(ctx_);  // joins the overlapped form's thread
       throw;

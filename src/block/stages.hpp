@@ -46,6 +46,10 @@ struct Routing {
   const int32_t* physical_ids = nullptr;
   const float* physical_weights = nullptr;
   const float* shared_gate = nullptr;
+  // Plan::fusions.route_in_runner, at one token: the router kernel's arguments, left to the
+  // runner's one-token kernel, which writes the arrays above (DispatchOutput::route). Null: the
+  // arrays are written.
+  const routing::cuda::RouteArgs* deferred = nullptr;
 };
 
 class RouterStage {

@@ -10,6 +10,9 @@
 #include "moekit/tensor.hpp"
 
 namespace moekit {
+namespace routing::cuda {
+struct RouteArgs;
+}
 
 // Rows of activations [rows, cols] on one device: f32, bf16 or f16 values, or e4m3 codes with
 // one f32 scale per row per `scale_group` columns (the fp8 formats' GEMM inputs).
@@ -39,7 +42,10 @@ struct ActivationRows {
 //   runner maps through that table ([n_global] on the rows' device, -1 = not here; an id
 //   outside [0, n_global) is not here either) as it groups the entries;
 // - combine_to_output: output is set; the runner writes the weighted sum there, converted to
-//   output_dtype (the layer's output), instead of to `sum`.
+//   output_dtype (the layer's output), instead of to `sum`;
+// - route_in_runner: route is set (a batch of one token); the router kernel did not run, and
+//   the runner's one-token kernel routes the token with these arguments itself, writing the
+//   router's outputs (`slots` and `weights` among them, which it does not read).
 struct DispatchOutput {
   TensorView hidden;  // [tokens, H], f32/bf16/f16
   const int32_t* slots = nullptr;
@@ -51,6 +57,7 @@ struct DispatchOutput {
   int n_global = 0;
   void* output = nullptr;  // [tokens, H]
   DType output_dtype = DType::f32;
+  const routing::cuda::RouteArgs* route = nullptr;
 };
 
 // The contiguous format: rows grouped by slot, slot s owning rows [offsets[s], offsets[s+1]).

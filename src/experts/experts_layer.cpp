@@ -61,7 +61,7 @@ void ExpertsLayer::set_input_scales(float w13, float w2) {
 
 void ExpertsLayer::forward(const ExecContext& ctx, const TensorView& hidden,
                            const int32_t* global_ids, const float* weights, float* combined,
-                           const TensorView* output) {
+                           const TensorView* output, const routing::cuda::RouteArgs* route) {
   void* dispatch_scratch = scratch_.data();
   void* runner_scratch = static_cast<char*>(scratch_.data()) + dispatcher_->scratch_bytes();
   DispatchOutput dispatched =
@@ -77,6 +77,9 @@ void ExpertsLayer::forward(const ExecContext& ctx, const TensorView& hidden,
     dispatched.output = output->data;
     dispatched.output_dtype = output->dtype;
   }
+  // resolve leaves the routing to the runner only where the standard dispatcher hands it the
+  // global ids as they are (map_in_sort), so nothing before it reads them.
+  dispatched.route = route;
   runner_.run(ctx, dispatched, quant_->apply(), runner_scratch);
   dispatcher_->combine(ctx, dispatched, combined, dispatch_scratch);
 }

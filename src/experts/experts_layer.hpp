@@ -22,8 +22,11 @@ class ExpertsLayer {
   // global_ids / weights: [T, problem.columns]. Writes the weighted sum to combined [T, H] f32,
   // in token order; or, given `output` (Plan::fusions.combine_to_output: a dispatcher whose rows
   // stay here and a runner that writes it), to output in its dtype, and combined is not written.
+  // `route` (Plan::fusions.route_in_runner): the ids and weights are not written yet, and the
+  // runner routes the batch with these arguments (DispatchOutput::route).
   void forward(const ExecContext& ctx, const TensorView& hidden, const int32_t* global_ids,
-               const float* weights, float* combined, const TensorView* output = nullptr);
+               const float* weights, float* combined, const TensorView* output = nullptr,
+               const routing::cuda::RouteArgs* route = nullptr);
   // Whether forward() exchanges with other ranks (which then wait for this one), and how this
   // rank tells them that its input failed before forward() (Dispatcher::abandon).
   bool collective() const;

@@ -689,6 +689,21 @@ void decide_gpu_fusions(Plan& plan) {
          rows_from_hidden ? ""
                           : "no batch runs the wgmma decode tiles on 16-bit weights with tokens "
                             "and entries few enough for the GEMMs to place");
+  std::string route_why_not;
+  if (!plan.cuda_kernels ||
+      CudaKernels::for_tokens(plan.cuda_kernels->routed, 1).kernel != CudaGemmKernel::one_token) {
+    route_why_not = "the routed experts' batch of one token is not the one-token kernel's";
+  } else if (!f.route_to_physical) {
+    route_why_not = "the physical columns are a kernel of their own after the shared gate's";
+  } else if (plan.options.check_finite && !f.checks_in_router) {
+    route_why_not = "the finite checks are a kernel of their own";
+  } else if (!f.map_in_sort) {
+    route_why_not = "the dispatcher maps the ids before the runner reads them";
+  }
+  record(PlanLayer::block, "router + one-token kernel", f.route_in_runner,
+         "a batch of one token is routed in every CTA of the one-token kernel, which writes the "
+         "router's outputs: no router kernel runs before it",
+         route_why_not);
   record(PlanLayer::block, "output", f.combine_to_output,
          "nothing is added to the routed sum: the routed experts' combine writes the layer's "
          "output in its dtype",

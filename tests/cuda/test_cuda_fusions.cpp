@@ -71,8 +71,9 @@ TEST(CudaResolveFusions, FusesEveryStagePairForALayerWithoutSharedExperts) {
   EXPECT_TRUE(plan.fusions.route_to_physical);
   EXPECT_TRUE(plan.fusions.map_in_sort);
   EXPECT_TRUE(plan.fusions.combine_to_output);
-  for (const char* topic :
-       {"finite checks + router", "router + logical -> physical", "map to local slots", "output"}) {
+  EXPECT_TRUE(plan.fusions.route_in_runner);
+  for (const char* topic : {"finite checks + router", "router + logical -> physical",
+                            "map to local slots", "router + one-token kernel", "output"}) {
     const Decision* d = find_decision(plan, topic);
     ASSERT_NE(d, nullptr) << topic;
     EXPECT_EQ(d->choice, "one kernel") << topic;
@@ -92,6 +93,16 @@ TEST(CudaResolveFusions, KeepsTheOutputStageWhereSharedExpertsAreAdded) {
   EXPECT_NE(d->reason.find("shared experts"), std::string::npos) << d->reason;
 }
 
+TEST(CudaResolveFusions, KeepsTheRouterKernelWhereNoOneTokenKernelRunsOneToken) {
+  // DeepSeek-V3's token reads 792 MB of bf16 weights: the grouped kernels take it.
+  const Plan plan = resolve(ModelSpec::preset("dsv3"), gpu_options(), with_gpu());
+  EXPECT_FALSE(plan.fusions.route_in_runner);
+  const Decision* d = find_decision(plan, "router + one-token kernel");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->choice, "two kernels");
+  EXPECT_NE(d->reason.find("one-token"), std::string::npos) << d->reason;
+}
+
 TEST(CudaResolveFusions, KeepsToPhysicalApartWhereASharedGateWeightsFusedSlots) {
   Options options = gpu_options();
   options.form = BlockForm::fused_slot;
@@ -101,6 +112,7 @@ TEST(CudaResolveFusions, KeepsToPhysicalApartWhereASharedGateWeightsFusedSlots) 
   EXPECT_FALSE(plan.fusions.route_to_physical);
   EXPECT_TRUE(plan.fusions.map_in_sort);
   EXPECT_TRUE(plan.fusions.combine_to_output);  // the shared experts are routed slots
+  EXPECT_FALSE(plan.fusions.route_in_runner);   // the physical columns wait for the gate
 }
 
 TEST(CudaResolveFusions, Gemm1ReadsTheHiddenStatesOfSixteenBitDecodeBatches) {
@@ -135,6 +147,7 @@ TEST(CudaResolveFusions, FusedOpsOffRunsEveryStageApart) {
   EXPECT_FALSE(plan.fusions.map_in_sort);
   EXPECT_FALSE(plan.fusions.combine_to_output);
   EXPECT_FALSE(plan.fusions.gather_in_gemm1);
+  EXPECT_FALSE(plan.fusions.route_in_runner);
   const Decision* d = find_decision(plan, "output");
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->reason, "fused ops are off");
@@ -529,19 +542,22 @@ struct FusedLayerCase {
 
 std::vector<FusedLayerCase> fused_cases() {
   // The 16-bit layers' decode batches run the wgmma decode tiles, whose GEMM1 reads the hidden
-  // states itself (gather_in_gemm1); the fp8 ones keep the sort + gather.
-  const GpuFusions all{true, true, true, true, true};
-  const GpuFusions all_fp8{true, true, true, true, false};
-  const GpuFusions no_output{true, true, true, false, true};
-  const GpuFusions no_output_fp8{true, true, true, false, false};
-  const GpuFusions no_route{true, false, true, true, true};
+  // states itself (gather_in_gemm1); the fp8 ones keep the sort + gather. A batch of one token
+  // is routed by the one-token kernel (route_in_runner) wherever that kernel takes the layer's
+  // shapes: not qwen's in fp8 (H = 40, no multiple of 16).
+  const GpuFusions all{true, true, true, true, true, true};
+  const GpuFusions all_fp8{true, true, true, true, false, true};
+  const GpuFusions qwen_fp8{true, true, true, true, false, false};
+  const GpuFusions no_output{true, true, true, false, true, true};
+  const GpuFusions no_output_fp8{true, true, true, false, false, true};
+  const GpuFusions no_route{true, false, true, true, true, false};
   ModelSpec qwen = small_softmax(16, 4, true);
   std::vector<FusedLayerCase> out;
   for (int64_t T : {1, 3, 8, 257}) {
     out.push_back({"qwen_bf16_T" + std::to_string(T), qwen, WeightFormat::bf16, BlockForm::standard,
                    DType::bf16, T, 1, 0, all});
     out.push_back({"qwen_fp8_block_T" + std::to_string(T), qwen, QuantParams::Fp8Block(128),
-                   BlockForm::standard, DType::bf16, T, 1, 0, all_fp8});
+                   BlockForm::standard, DType::bf16, T, 1, 0, qwen_fp8});
   }
   out.push_back(
       {"qwen_f32_hidden", qwen, WeightFormat::bf16, BlockForm::standard, DType::f32, 5, 1, 0, all});
@@ -603,6 +619,7 @@ TEST(CudaResolveFusions, TheFusedLayerCasesArePlannedAsTheyExpect) {
     EXPECT_EQ(plan.fusions.map_in_sort, c.expected.map_in_sort);
     EXPECT_EQ(plan.fusions.combine_to_output, c.expected.combine_to_output);
     EXPECT_EQ(plan.fusions.gather_in_gemm1, c.expected.gather_in_gemm1);
+    EXPECT_EQ(plan.fusions.route_in_runner, c.expected.route_in_runner);
   }
 }
 
@@ -625,6 +642,7 @@ TEST_P(CudaFusedLayer, GivesTheSameBitsAsEveryStageApart) {
     ASSERT_EQ(plan.fusions.map_in_sort, want.map_in_sort) << i;
     ASSERT_EQ(plan.fusions.combine_to_output, want.combine_to_output) << i;
     ASSERT_EQ(plan.fusions.gather_in_gemm1, want.gather_in_gemm1) << i;
+    ASSERT_EQ(plan.fusions.route_in_runner, want.route_in_runner) << i;
     MoeLayer layer(plan, random.view());
     const auto up = [](const Tensor& host) {
       Tensor t = Tensor::empty(host.view().dtype, host.view().shape, Device::cuda(0));

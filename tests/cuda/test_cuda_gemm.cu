@@ -419,6 +419,13 @@ TEST(CudaOneTokenArguments, AreRefusedNamingWhatIsWrong) {
       {"a grid of another layer", [](OneTokenArgs& a) { a.grid.shared_bytes = 64; },
        "another layer"},
       {"an empty table", [](OneTokenArgs& a) { a.global_to_local = a.ids; }, "table"},
+      {"no ids and no route", [](OneTokenArgs& a) { a.ids = nullptr; }, "route"},
+      {"a route of two tokens",
+       [](OneTokenArgs& a) {
+         static const routing::cuda::RouteArgs two_tokens{.tokens = 2};
+         a.route = &two_tokens;
+       },
+       "one token"},
   };
   for (const OneTokenRefusal& r : refusals) {
     SCOPED_TRACE(r.name);

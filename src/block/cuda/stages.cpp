@@ -89,7 +89,8 @@ class CudaRouterStage final : public RouterStage {
       : plan_(plan),
         top_k_(plan.spec.routing.top_k),
         columns_(top_k_ + plan.shared_slots),
-        fused_(plan.fusions.route_to_physical) {
+        fused_(plan.fusions.route_to_physical),
+        in_runner_(plan.fusions.route_in_runner) {
     if (fused_ && plan.spec.shared_gate && plan.shared_slots > 0) {
       fail(Errc::internal,
            "a plan fuses logical -> physical into the router, but a shared gate "
@@ -156,19 +157,21 @@ class CudaRouterStage final : public RouterStage {
         .weights = a.physical_weights};
     // Plan::fusions.route_to_physical: one kernel picks the experts and writes their physical
     // ids (resolve allows it only where no shared gate weights fused shared slots).
-    routing::cuda::route(
-        {.logits = logits.data,
-         .logits_dtype = logits.dtype,
-         .tokens = T,
-         .n_experts = spec.n_experts,
-         .spec = spec.routing,
-         .correction_bias = spec.routing.correction_bias ? bias_.data<float>() : nullptr,
-         .ids = a.logical_ids,
-         .weights = a.logical_weights,
-         .physical = fused_ ? &physical : nullptr,
-         .check_first = checks[0],
-         .check_second = checks[1]},
-        ctx.stream);
+    physical_ = physical;
+    route_ = {.logits = logits.data,
+              .logits_dtype = logits.dtype,
+              .tokens = T,
+              .n_experts = spec.n_experts,
+              .spec = spec.routing,
+              .correction_bias = spec.routing.correction_bias ? bias_.data<float>() : nullptr,
+              .ids = a.logical_ids,
+              .weights = a.logical_weights,
+              .physical = fused_ ? &physical_ : nullptr,
+              .check_first = checks[0],
+              .check_second = checks[1]};
+    const Routing routing{a.logical_ids, a.logical_weights, a.physical_ids, a.physical_weights,
+                          spec.shared_gate ? a.shared_gate : nullptr};
+    // The shared experts' gate reads the hidden states alone.
     if (spec.shared_gate) {
       block::cuda::shared_gate({.hidden = hidden.data,
                                 .hidden_dtype = hidden.dtype,
@@ -178,9 +181,16 @@ class CudaRouterStage final : public RouterStage {
                                 .out = a.shared_gate},
                                ctx.stream);
     }
+    // Plan::fusions.route_in_runner: a batch of one token is routed by the one-token kernel
+    // (resolve allows it only with the physical columns and the checks in these arguments).
+    if (in_runner_ && T == 1) {
+      Routing deferred = routing;
+      deferred.deferred = &route_;
+      return deferred;
+    }
+    routing::cuda::route(route_, ctx.stream);
     if (!fused_) routing::cuda::to_physical(physical, ctx.stream);
-    return {a.logical_ids, a.logical_weights, a.physical_ids, a.physical_weights,
-            spec.shared_gate ? a.shared_gate : nullptr};
+    return routing;
   }
 
  private:
@@ -201,7 +211,11 @@ class CudaRouterStage final : public RouterStage {
   const Plan& plan_;
   int top_k_;
   int columns_;
-  bool fused_;  // Plan::fusions.route_to_physical
+  bool fused_;      // Plan::fusions.route_to_physical
+  bool in_runner_;  // Plan::fusions.route_in_runner
+  // The last run's arguments: a deferred routing points at them until the next run.
+  routing::cuda::ToPhysicalArgs physical_;
+  routing::cuda::RouteArgs route_;
   // Plan::fusions.checks_in_router: hidden_states' and router_logits' statuses; null: none.
   block::cuda::FiniteStatus* checks_ = nullptr;
   Tensor rank_table_;  // [ep_size, E] int32

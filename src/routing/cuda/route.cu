@@ -110,13 +110,12 @@ void check_physical(const ToPhysicalArgs& args) {
 
 }  // namespace
 
-int route_warp_bytes(const RouteArgs& args) {
+int route_warp_bytes(int n_experts, const RoutingSpec& spec, bool physical) {
   // Scores, choices (with a bias), group values, sort keys, physical ids (with the physical
   // columns), sorted ids (16 bits), kept groups (bytes).
-  const int n = args.n_experts;
-  const int words = n * (args.correction_bias ? 2 : 1) + args.spec.n_group + n +
-                    (args.physical != nullptr ? n : 0);
-  return (words * 4 + n * 2 + args.spec.n_group + 15) / 16 * 16;
+  const int n = n_experts;
+  const int words = n * (spec.correction_bias ? 2 : 1) + spec.n_group + n + (physical ? n : 0);
+  return (words * 4 + n * 2 + spec.n_group + 15) / 16 * 16;
 }
 
 RouteParams route_params(const RouteArgs& args) {
@@ -143,7 +142,7 @@ RouteParams route_params(const RouteArgs& args) {
   }
   if (args.tokens < 0) cuda_errors::invalid_argument("route: negative token count");
   const ToPhysicalArgs* physical = args.physical;
-  const int warp_bytes = route_warp_bytes(args);
+  const int warp_bytes = route_warp_bytes(n, spec, physical != nullptr);
   if (args.tokens > 0) {
     if (args.logits == nullptr || args.ids == nullptr || args.weights == nullptr) {
       cuda_errors::invalid_argument("route: logits, ids and weights must not be null");

@@ -66,4 +66,8 @@ void route(const RouteArgs& args, cudaStream_t stream);
 
 void to_physical(const ToPhysicalArgs& args, cudaStream_t stream);
 
+// Bytes of shared memory the router's warp code (route_warp.cuh) needs to route one token of
+// `n_experts` under `spec`, with the physical columns or without.
+int route_warp_bytes(int n_experts, const RoutingSpec& spec, bool physical);
+
 }  // namespace moekit::routing::cuda

@@ -302,7 +302,5 @@ __device__ inline Pick route_token(const RouteParams& p, int64_t t, unsigned cha
 // are the caller's. tokens > 0.
 RouteParams route_params(const RouteArgs& args);
 
-// Bytes of shared memory route_token needs per warp for `args`.
-int route_warp_bytes(const RouteArgs& args);
 
 }  // namespace moekit::routing::cuda

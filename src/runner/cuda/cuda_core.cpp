@@ -17,6 +17,7 @@
 #include "core/cuda_device.hpp"
 #include "core/scratch.hpp"
 #include "moekit/error.hpp"
+#include "routing/cuda/route.hpp"
 #include "runner/cuda/gemm/expert_gemm.hpp"
 #include "runner/cuda/gemm/one_token.hpp"
 #include "runner/cuda/kernel_choice.hpp"
@@ -61,7 +62,12 @@ class CudaCore final : public RunnerCore {
             problem.device,
             4 * (split_.gemm1.counters + split_.gemm2.counters + (one_token_ ? 2 : 0)))) {
     if (one_token_) {
-      one_token_grid_ = cuda_gemm::one_token_grid(dtype_, p_.hidden, p_.intermediate, p_.columns);
+      // Plan::fusions.route_in_runner: the routed experts' kernel routes its token too.
+      const bool routes = problem.role == ExpertsRole::routed && plan.fusions.route_in_runner;
+      one_token_grid_ = cuda_gemm::one_token_grid(
+          dtype_, p_.hidden, p_.intermediate, p_.columns,
+          routes ? routing::cuda::route_warp_bytes(plan.spec.n_experts, plan.spec.routing, true)
+                 : 0);
     }
     if (split_counters_.bytes() > 0) {
       cuda_device::fill(problem.device, split_counters_.data(), 0, split_counters_.bytes());
@@ -85,6 +91,12 @@ class CudaCore final : public RunnerCore {
     if (c.kernel == CudaGemmKernel::one_token) {
       if (in.tokens == 1) run_one_token(in, w, a, stream);
       return;
+    }
+    if (in.route != nullptr) {
+      fail(Errc::internal,
+           "a batch of {} tokens left to route by a runner whose kernel for it "
+           "does not route",
+           in.tokens);
     }
     const int64_t H = p_.hidden, I = p_.intermediate;
     const int64_t entries = in.tokens * in.columns;
@@ -237,6 +249,7 @@ class CudaCore final : public RunnerCore {
          .w13 = w.w13.weight.data,
          .w2 = w.w2.weight.data,
          .activation = p_.activation,
+         .route = in.route,
          .act = a.one_token_act,
          .counters = split_counter(split_.gemm1.counters + split_.gemm2.counters),
          .output = to_output ? in.output : in.sum,

@@ -17,6 +17,8 @@
 #include <stdexcept>
 
 #include "core/cuda_common.cuh"
+#include "core/cuda_finite.cuh"
+#include "routing/cuda/route_warp.cuh"
 #include "runner/cuda/gemm/gemm_device.cuh"
 
 namespace moekit::cuda_gemm {
@@ -48,8 +50,12 @@ struct OneTokenParams {
   int n_global;
   int columns;
   int cols_per_cta;  // GEMM2's output columns per CTA
-  int staged_elems;  // 16-bit elements of the staged vector region (x, then the activation)
+  int partials_at;   // byte offsets in shared memory: GEMM2's sums, the router's warp
+  int route_at;
   Activation activation;
+  // OneTokenArgs::route: the router kernel's parameters (one token, the physical columns).
+  bool routes;
+  routing::cuda::RouteParams route;
 };
 
 template <bool kBf16>
@@ -210,13 +216,31 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int H = p.hidden_size, I = p.intermediate, C = p.columns;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   uint16_t* const vec = reinterpret_cast<uint16_t*>(staged);
-  float* const partial = reinterpret_cast<float*>(staged + p.staged_elems / 8);
-  for (int c = threadIdx.x; c < C; c += kThreads) {
-    const int32_t id = p.ids[c];
-    int32_t slot = id;
-    if (p.table != nullptr) slot = id >= 0 && id < p.n_global ? p.table[id] : -1;
-    slot_of[c] = slot;
-    weight_of[c] = p.weights[c];
+  unsigned char* const bytes = reinterpret_cast<unsigned char*>(staged);
+  float* const partial = reinterpret_cast<float*>(bytes + p.partials_at);
+  const auto slot_of_id = [&](int32_t id) {
+    if (p.table == nullptr) return id;
+    return id >= 0 && id < p.n_global ? p.table[id] : -1;
+  };
+  if (p.routes) {
+    // Warp 0 routes the token as the router kernel would (CTA 0 writes its outputs) while the
+    // other warps stage x; every CTA runs its share of the router's finite checks.
+    if (warp == 0) {
+      const routing::cuda::Pick pick =
+          routing::cuda::route_token(p.route, 0, bytes + p.route_at, blockIdx.x == 0);
+      if (lane < C) {
+        slot_of[lane] = slot_of_id(pick.physical);
+        weight_of[lane] = pick.physical_weight;
+      }
+    }
+    cuda_finite::check_elements(p.route.check_first, p.route.check_second,
+                                int64_t{blockIdx.x} * kThreads + threadIdx.x,
+                                int64_t{gridDim.x} * kThreads);
+  } else {
+    for (int c = threadIdx.x; c < C; c += kThreads) {
+      slot_of[c] = slot_of_id(p.ids[c]);
+      weight_of[c] = p.weights[c];
+    }
   }
   stage_hidden<kBf16>(p.hidden, p.hidden_dtype, H, vec);
   __syncthreads();
@@ -286,9 +310,17 @@ int64_t staged_elems(int64_t hidden, int64_t intermediate, int64_t columns) {
   return (most + 7) / 8 * 8;
 }
 
-size_t shared_bytes(int64_t hidden, int64_t intermediate, int64_t columns, int64_t cols_per_cta) {
-  return static_cast<size_t>(staged_elems(hidden, intermediate, columns) * 2 +
-                             columns * cols_per_cta * 4);
+// The shared memory of a launch: the staged vector, GEMM2's sums, the router's warp.
+struct SharedLayout {
+  int64_t partials_at = 0;
+  int64_t route_at = 0;
+  int64_t bytes = 0;
+};
+SharedLayout shared_layout(int64_t hidden, int64_t intermediate, int64_t columns,
+                           int64_t cols_per_cta, int64_t route_bytes) {
+  const int64_t partials_at = staged_elems(hidden, intermediate, columns) * 2;
+  const int64_t route_at = (partials_at + columns * cols_per_cta * 4 + 15) / 16 * 16;
+  return {.partials_at = partials_at, .route_at = route_at, .bytes = route_at + route_bytes};
 }
 
 void* kernel_of(DType dtype) {
@@ -328,7 +360,8 @@ int64_t one_token_scratch_bytes(int64_t intermediate, int64_t columns) {
   return 2 * intermediate * columns;
 }
 
-OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, int64_t columns) {
+OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, int64_t columns,
+                            int route_bytes) {
   if (one_token_unsupported(dtype, hidden, intermediate, columns)) return {};
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -336,7 +369,8 @@ OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, i
     throw std::runtime_error("one_token: no current CUDA device");
   }
   // Enough shared memory for the widest slice of GEMM2's columns a grid of one CTA per SM has.
-  const size_t shared = shared_bytes(hidden, intermediate, columns, (hidden + sms - 1) / sms);
+  const size_t shared = static_cast<size_t>(
+      shared_layout(hidden, intermediate, columns, (hidden + sms - 1) / sms, route_bytes).bytes);
   void* kernel = kernel_of(dtype);
   // The kernel's limit is the device's, not this layer's: the attribute belongs to the kernel,
   // so a second core with a smaller layer (shared experts) must not lower it for the first.
@@ -361,8 +395,7 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
   if (const auto why = one_token_unsupported(a.dtype, a.hidden_size, a.intermediate, a.columns)) {
     bad(*why);
   }
-  if (a.hidden == nullptr || a.ids == nullptr || a.weights == nullptr || a.act == nullptr ||
-      a.counters == nullptr || a.output == nullptr) {
+  if (a.hidden == nullptr || a.act == nullptr || a.counters == nullptr || a.output == nullptr) {
     bad("an input, scratch or output pointer is null");
   }
   if (!aligned16(a.w13) || !aligned16(a.w2) || !aligned16(a.act)) {
@@ -378,7 +411,19 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
     bad("activation: swiglu_oai needs a positive limit");
   }
   const int cols_per_cta = (a.hidden_size + a.grid.blocks - 1) / a.grid.blocks;
-  if (shared_bytes(a.hidden_size, a.intermediate, a.columns, cols_per_cta) > a.grid.shared_bytes) {
+  routing::cuda::RouteParams route{};
+  if (a.route != nullptr) {
+    if (a.route->tokens != 1 || a.route->physical == nullptr ||
+        a.route->physical->top_k + a.route->physical->shared_slots != a.columns) {
+      bad("route: one token, with the physical columns, as many as the kernel's columns");
+    }
+    route = routing::cuda::route_params(*a.route);
+  } else if (a.ids == nullptr || a.weights == nullptr) {
+    bad("ids and weights are null and the kernel does not route");
+  }
+  const SharedLayout layout = shared_layout(a.hidden_size, a.intermediate, a.columns,
+                                            cols_per_cta, a.route ? route.warp_bytes : 0);
+  if (static_cast<size_t>(layout.bytes) > a.grid.shared_bytes) {
     bad("the grid's shared memory is sized for another layer");
   }
   const OneTokenParams p{
@@ -398,8 +443,11 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
       .n_global = a.n_global,
       .columns = a.columns,
       .cols_per_cta = cols_per_cta,
-      .staged_elems = static_cast<int>(staged_elems(a.hidden_size, a.intermediate, a.columns)),
-      .activation = a.activation};
+      .partials_at = static_cast<int>(layout.partials_at),
+      .route_at = static_cast<int>(layout.route_at),
+      .activation = a.activation,
+      .routes = a.route != nullptr,
+      .route = route};
   // Cooperative: the runtime starts the grid only where every CTA is resident at once, which
   // the barrier needs (a launch beside it on another stream waits rather than deadlock). Not a
   // programmatic dependent launch: a CUDA graph capture refuses the two together ("invalid

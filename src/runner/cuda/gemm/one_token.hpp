@@ -22,6 +22,7 @@
 
 #include "moekit/dtype.hpp"
 #include "moekit/spec.hpp"
+#include "routing/cuda/route.hpp"
 
 namespace moekit::cuda_gemm {
 
@@ -48,7 +49,10 @@ struct OneTokenGrid {
   int blocks = 0;
   size_t shared_bytes = 0;
 };
-OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, int64_t columns);
+// route_bytes: the router's shared memory (routing::cuda::route_warp_bytes) where the kernel
+// routes its token itself (OneTokenArgs::route), else 0.
+OneTokenGrid one_token_grid(DType dtype, int64_t hidden, int64_t intermediate, int64_t columns,
+                            int route_bytes);
 
 // The activation GEMM1 leaves for GEMM2 ([columns, I] in the weights' dtype), in bytes.
 int64_t one_token_scratch_bytes(int64_t intermediate, int64_t columns);
@@ -67,6 +71,10 @@ struct OneTokenArgs {
   const void* w13 = nullptr;       // [slots, 2I, H]
   const void* w2 = nullptr;        // [slots, H, I]
   Activation activation;
+  // Plan::fusions.route_in_runner: the token's routing (one token, the physical columns given,
+  // as many as `columns`). Every CTA routes it with the router kernel's warp code, one writes
+  // the router's outputs, and `ids` and `weights` are not read. Null: ids and weights are read.
+  const routing::cuda::RouteArgs* route = nullptr;
   void* act = nullptr;           // [columns, I] scratch (one_token_scratch_bytes)
   uint32_t* counters = nullptr;  // 2, zero before the first launch; every launch leaves them zero
   void* output = nullptr;        // [H]: the weighted sum over the entries on this rank
