@@ -544,12 +544,12 @@ std::vector<FusedLayerCase> fused_cases() {
   // The 16-bit layers' decode batches run the wgmma decode tiles, whose GEMM1 reads the hidden
   // states itself (gather_in_gemm1); the fp8 ones keep the sort + gather. A batch of one token
   // is routed by the one-token kernel (route_in_runner) wherever that kernel takes the layer's
-  // shapes: not qwen's in fp8 (H = 40, no multiple of 16).
+  // batch of one token: 16-bit weights only.
   const GpuFusions all{true, true, true, true, true, true};
   const GpuFusions all_fp8{true, true, true, true, false, true};
   const GpuFusions qwen_fp8{true, true, true, true, false, false};
   const GpuFusions no_output{true, true, true, false, true, true};
-  const GpuFusions no_output_fp8{true, true, true, false, false, true};
+  const GpuFusions no_output_fp8{true, true, true, false, false, false};
   const GpuFusions no_route{true, false, true, true, true, false};
   ModelSpec qwen = small_softmax(16, 4, true);
   std::vector<FusedLayerCase> out;
