@@ -422,7 +422,11 @@ TEST(CudaOneTokenArguments, AreRefusedNamingWhatIsWrong) {
       {"no ids and no route", [](OneTokenArgs& a) { a.ids = nullptr; }, "route"},
       {"a route of two tokens",
        [](OneTokenArgs& a) {
-         static const routing::cuda::RouteArgs two_tokens{.tokens = 2};
+         static const routing::cuda::RouteArgs two_tokens = [] {
+           routing::cuda::RouteArgs route;
+           route.tokens = 2;
+           return route;
+         }();
          a.route = &two_tokens;
        },
        "one token"},
