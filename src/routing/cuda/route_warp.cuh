@@ -302,5 +302,4 @@ __device__ inline Pick route_token(const RouteParams& p, int64_t t, unsigned cha
 // are the caller's. tokens > 0.
 RouteParams route_params(const RouteArgs& args);
 
-
 }  // namespace moekit::routing::cuda

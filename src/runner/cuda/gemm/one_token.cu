@@ -421,33 +421,32 @@ void launch_one_token(const OneTokenArgs& a, cudaStream_t stream) {
   } else if (a.ids == nullptr || a.weights == nullptr) {
     bad("ids and weights are null and the kernel does not route");
   }
-  const SharedLayout layout = shared_layout(a.hidden_size, a.intermediate, a.columns,
-                                            cols_per_cta, a.route ? route.warp_bytes : 0);
+  const SharedLayout layout = shared_layout(a.hidden_size, a.intermediate, a.columns, cols_per_cta,
+                                            a.route ? route.warp_bytes : 0);
   if (static_cast<size_t>(layout.bytes) > a.grid.shared_bytes) {
     bad("the grid's shared memory is sized for another layer");
   }
-  const OneTokenParams p{
-      .hidden = a.hidden,
-      .ids = a.ids,
-      .table = a.global_to_local,
-      .weights = a.weights,
-      .w13 = static_cast<const uint4*>(a.w13),
-      .w2 = static_cast<const uint4*>(a.w2),
-      .act = static_cast<uint16_t*>(a.act),
-      .counters = a.counters,
-      .output = a.output,
-      .hidden_dtype = a.hidden_dtype,
-      .output_dtype = a.output_dtype,
-      .hidden_size = a.hidden_size,
-      .intermediate = a.intermediate,
-      .n_global = a.n_global,
-      .columns = a.columns,
-      .cols_per_cta = cols_per_cta,
-      .partials_at = static_cast<int>(layout.partials_at),
-      .route_at = static_cast<int>(layout.route_at),
-      .activation = a.activation,
-      .routes = a.route != nullptr,
-      .route = route};
+  const OneTokenParams p{.hidden = a.hidden,
+                         .ids = a.ids,
+                         .table = a.global_to_local,
+                         .weights = a.weights,
+                         .w13 = static_cast<const uint4*>(a.w13),
+                         .w2 = static_cast<const uint4*>(a.w2),
+                         .act = static_cast<uint16_t*>(a.act),
+                         .counters = a.counters,
+                         .output = a.output,
+                         .hidden_dtype = a.hidden_dtype,
+                         .output_dtype = a.output_dtype,
+                         .hidden_size = a.hidden_size,
+                         .intermediate = a.intermediate,
+                         .n_global = a.n_global,
+                         .columns = a.columns,
+                         .cols_per_cta = cols_per_cta,
+                         .partials_at = static_cast<int>(layout.partials_at),
+                         .route_at = static_cast<int>(layout.route_at),
+                         .activation = a.activation,
+                         .routes = a.route != nullptr,
+                         .route = route};
   // Cooperative: the runtime starts the grid only where every CTA is resident at once, which
   // the barrier needs (a launch beside it on another stream waits rather than deadlock). Not a
   // programmatic dependent launch: a CUDA graph capture refuses the two together ("invalid
