@@ -369,6 +369,47 @@ INSTANTIATE_TEST_SUITE_P(Int4Formats, Int16StreamingKernel,
                          ::testing::ValuesIn(format_shapes(/*w4a16_only=*/true)),
                          format_shape_name);
 
+// The int16 kernel's int32 sums at their largest: every code 15 and every activation +-32767
+// over a whole scale step. Steps up to kInt16HighTimes16MaxStep sum rows 8-15 at 16 times their
+// codes (a lane ends within 7% of INT32_MAX at 256); longer steps shift the codes down. A sum
+// that wrapped would be off by 2^32 times its scales.
+TEST(Int16StreamingKernel, SumsExactlyAtTheLargestCodesAndActivationsOfEachStepLength) {
+  for (const int64_t group : {int64_t{32}, cpu::kInt16HighTimes16MaxStep,
+                              2 * cpu::kInt16HighTimes16MaxStep, cpu::kInt16MaxStep}) {
+    for (const float sign : {1.0f, -1.0f}) {
+      PanelMatrix m{.dtype = DType::i4, .n = cpu::kPanelRows, .k = 2 * group, .group_k = group};
+      std::vector<uint8_t> codes(m.panel_bytes(), 0xFF);
+      const std::vector<float> scale(m.scale_steps() * cpu::kPanelRows, 1.0f);
+      m.data = codes.data();
+      m.scale = scale.data();
+      const std::vector<float> x(m.k, sign);
+      std::vector<int16_t> q(m.k);
+      std::vector<float> q_scale(m.scale_steps()), sums(m.scale_steps());
+      cpu::quantize_int16(x.data(), m.k, group, q.data(), q_scale.data(), sums.data());
+      ASSERT_EQ(q[0], sign * 32767);
+      for (int rows = 1; rows <= cpu::kStreamRows; ++rows) {
+        cpu::Int16Rows in;
+        in.m = rows;
+        for (int r = 0; r < rows; ++r) {
+          in.q[r] = q.data();
+          in.scale[r] = q_scale.data();
+          in.sums[r] = sums.data();
+        }
+        for (const cpu::Int16Dot dot : int16_dots()) {
+          std::vector<float> y(rows * cpu::kPanelRows, std::numeric_limits<float>::quiet_NaN());
+          cpu::stream_panels_int16(m, 0, 1, in, y.data(), cpu::kPanelRows, dot);
+          // (15 - 8) x (+-32767 x 1 / 32767) at each k.
+          const double expected = 7.0 * sign * static_cast<double>(m.k);
+          for (int64_t i = 0; i < rows * cpu::kPanelRows; ++i) {
+            ASSERT_NEAR(y[i], expected, 1e-5 * std::abs(expected))
+                << "step " << group << ", rows " << rows << ", output " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The int8 kernel's dot product instructions this CPU has: pmaddubsw always (AVX2), vpdpbusd
 // where AVX-512 VNNI is present.
 std::vector<cpu::Int8Dot> int8_dots() {

@@ -4,6 +4,7 @@
 // to f32 in registers once and multiplied into every row, so the weights stream through once
 // per call, at the rate memory delivers them. Needs AVX2, FMA and F16C (the caller checks).
 
+#include <climits>
 #include <cstdint>
 
 #include "moekit/plan.hpp"
@@ -81,6 +82,11 @@ struct Int16Rows {
 // cannot overflow (2048 x 15 x 32767 < 2^31).
 inline constexpr float kInt16Max = 32767.0f;
 inline constexpr int64_t kInt16MaxStep = 2048;
+// The longest scale step over which the AVX2 kernel sums rows 8-15 of a panel at 16 times their
+// codes (masked in place, not shifted down: stream_int16.hpp): a pmaddwd adds at most
+// 2 x 240 x 32767 to a lane, and a step of k adds k / 2 of them.
+inline constexpr int64_t kInt16HighTimes16MaxStep = 256;
+static_assert(kInt16HighTimes16MaxStep / 2 * (2 * 240 * int64_t{32767}) <= INT32_MAX);
 
 // The instruction of the int16 kernel's dot products: pmaddwd + add (AVX2), or vpdpwssd (AVX-512
 // VNNI, one instruction).

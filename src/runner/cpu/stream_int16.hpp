@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "runner/cpu/int4_avx2.hpp"
 #include "runner/cpu/stream.hpp"
@@ -26,12 +27,27 @@ inline __m256i broadcast_pair(const int16_t* q) {
   return _mm256_set1_epi32(pair);
 }
 
+// A block's four code vectors (int4_pair<0> and <1>). With kHighTimes16, rows 8-15 come at 16
+// times their codes: one shift and four masks, where the codes themselves take three shifts and
+// four; the sums of those rows are exact multiples of 16, divided back by a shift per step.
+template <bool kHighTimes16>
+inline std::pair<Int4Pair, Int4Pair> int16_kernel_codes(__m256i v) {
+  if constexpr (!kHighTimes16) {
+    return {int4_pair<0>(v), int4_pair<1>(v)};
+  } else {
+    const __m256i low = _mm256_set1_epi16(0x0F), high = _mm256_set1_epi16(0xF0);
+    const __m256i second = _mm256_srli_epi16(v, 8);
+    return {{_mm256_and_si256(v, low), _mm256_and_si256(v, high)},
+            {_mm256_and_si256(second, low), _mm256_and_si256(second, high)}};
+  }
+}
+
 // int4 times int16 rows: per block, four 16-bit code vectors (8 rows x 2 k each) meet each
 // row's two activation pairs in 16-bit dot products, summed exactly in int32 over the step;
 // then per row and step: (sum - offset * sum of q) * weight scale * activation scale. One or two
 // rows keep a second set of sums for every other block, so the chains of dot products that
 // depend on each other are short enough to keep the units busy.
-template <typename Dot, int M>
+template <typename Dot, int M, bool kHighTimes16>
 void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, float* y,
                       int64_t ldy) {
   constexpr int kSets = M <= 2 ? 2 : 1;
@@ -50,8 +66,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
     const uint8_t* codes = panel + k0 / kInt4BlockK * kInt4BlockBytes;
     const auto block = [&](const uint8_t* at, int64_t k, int set) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-      const Int4Pair first = int4_pair<0>(v);
-      const Int4Pair second = int4_pair<1>(v);
+      const auto [first, second] = int16_kernel_codes<kHighTimes16>(v);
 #pragma GCC unroll 4
       for (int r = 0; r < M; ++r) {
         const __m256i a0 = broadcast_pair(rows.q[r] + k);
@@ -82,6 +97,7 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
         sum_lo = _mm256_add_epi32(sum_lo, lo[1][r]);
         sum_hi = _mm256_add_epi32(sum_hi, hi[1][r]);
       }
+      if constexpr (kHighTimes16) sum_hi = _mm256_srai_epi32(sum_hi, 4);
       add_integer_step(scales, sum_lo, sum_hi, rows.sums[r] + g, rows.scale[r] + g, out_lo[r],
                        out_hi[r]);
     }
@@ -97,9 +113,16 @@ void int4_panel_int16(const PanelMatrix& w, int64_t p, const Int16Rows& rows, fl
 template <typename Dot>
 void stream_int16(const PanelMatrix& w, int64_t p_begin, int64_t p_end, const Int16Rows& rows,
                   float* y, int64_t ldy) {
-  for_row_count(rows.m, [&]<int M>() {
+  const auto panels = [&]<int M, bool kHighTimes16>() {
     for (int64_t p = p_begin; p < p_end; ++p) {
-      int4_panel_int16<Dot, M>(w, p, rows, y + (p - p_begin) * kPanelRows, ldy);
+      int4_panel_int16<Dot, M, kHighTimes16>(w, p, rows, y + (p - p_begin) * kPanelRows, ldy);
+    }
+  };
+  for_row_count(rows.m, [&]<int M>() {
+    if (w.group_k <= kInt16HighTimes16MaxStep) {
+      panels.template operator()<M, true>();
+    } else {
+      panels.template operator()<M, false>();
     }
   });
 }
