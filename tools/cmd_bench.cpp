@@ -195,8 +195,9 @@ int run_gpu_bench(const BenchFlags& f, const std::vector<bench::BenchCase>& case
   return report.refusals.empty() ? 0 : kExitRefused;
 }
 
-// --a2a mpi: the dispatcher's exchanges on every rank against a bare MPI_Alltoallv of the same
-// bytes, on the demo layer's sizes or a custom case's.
+// --a2a mpi or nccl: the dispatcher's exchanges on every rank against the communicator's bare
+// all-to-all of the same bytes (MPI_Alltoallv; grouped ncclSend/ncclRecv), on the demo layer's
+// sizes or a custom case's. nccl runs each rank on the GPU of its local rank.
 int run_a2a_bench(const BenchFlags& f) {
   const Platform platform = Platform::probe();
   ModelSpec spec = ModelSpec::demo();
@@ -206,7 +207,12 @@ int run_a2a_bench(const BenchFlags& f) {
   }
   Options options = f.plan.options();
   options.ep = ExpertParallel::Rank(platform.world_size, platform.world_rank, f.plan.redundant);
-  options.runner = RunnerKind::cpu;
+  if (options.a2a == A2AKind::nccl) {
+    options.runner = RunnerKind::cuda;
+    options.device = Device::cuda(platform.world_local_rank);
+  } else {
+    options.runner = RunnerKind::cpu;
+  }
   const std::vector<int64_t> tokens =
       f.tokens ? bench::parse_token_list(*f.tokens) : std::vector<int64_t>{16, 256};
   const std::string report =
@@ -220,7 +226,7 @@ int run_bench(const BenchFlags& f) {
     std::printf("%s", list_cases().c_str());
     return 0;
   }
-  if (f.plan.a2a == "mpi") return run_a2a_bench(f);
+  if (f.plan.a2a == "mpi" || f.plan.a2a == "nccl") return run_a2a_bench(f);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<bench::BenchCase> cases = chosen_cases(f);
   bench::BenchSettings settings = f.settings;
@@ -309,8 +315,8 @@ Command add_bench_command(CLI::App& app) {
   bench->add_option("--threads", f->plan.threads, "CPU threads, 0 = all")->capture_default_str();
   bench
       ->add_option("--a2a", f->plan.a2a,
-                   "none (the layers), or mpi: the dispatcher's exchanges on every rank of "
-                   "mpirun against a bare MPI_Alltoallv")
+                   "none (the layers), or mpi / nccl: the dispatcher's exchanges on every rank "
+                   "of mpirun against a bare MPI_Alltoallv / ncclSend+ncclRecv of the same bytes")
       ->capture_default_str();
   bench->add_option("--a2a-mode", f->plan.a2a_mode, "a2a mpi: auto, normal, low-latency")
       ->capture_default_str();

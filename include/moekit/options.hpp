@@ -86,4 +86,10 @@ struct Options {
   int64_t comm_timeout_ms = 30000;
 };
 
+// Whether each rank holds its own tokens (an all-to-all sends their rows to the experts' ranks),
+// rather than every rank seeing every token.
+inline bool owns_its_tokens(const Options& options) {
+  return options.a2a == A2AKind::mpi || options.a2a == A2AKind::nccl;
+}
+
 }  // namespace moekit

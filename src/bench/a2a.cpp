@@ -1,7 +1,9 @@
 // Times the all-to-all dispatcher on its own: random routings of random bf16 rows, dispatch()
 // and combine() each after a barrier (the experts between them are not run: their sums are
 // whatever the buffer holds), the bytes each sent counted by the communicator, and the
-// communicator's bare all-to-all of exactly those bytes per peer, all in the same run.
+// communicator's bare all-to-all of exactly those bytes per peer, all in the same run. a2a mpi
+// keeps its buffers in host memory, a2a nccl on the rank's GPU, whose stream each timing waits
+// for.
 
 #include "bench/a2a.hpp"
 
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "comm/communicator.hpp"
 #include "core/thread_pool.hpp"
@@ -47,18 +50,53 @@ int64_t total(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
 
+// The dispatcher's inputs and outputs where its communicator keeps its buffers: host memory,
+// or the plan's GPU (copied there from the host's random values).
+struct BenchBuffers {
+  Tensor hidden, ids, weights, combined;
+  Buffer scratch;
+};
+
+BenchBuffers bench_buffers(const Plan& plan, const Dispatcher& dispatcher, int64_t T,
+                           std::mt19937_64& rng) {
+  const ModelSpec& spec = plan.spec;
+  const int columns = spec.routing.top_k;
+  const Device device = plan.options.device;
+  const std::vector<int>& table =
+      plan.location.rank_table[static_cast<size_t>(plan.options.ep.rank)];
+  Tensor ids = Tensor::empty(DType::i32, {T * columns});
+  std::vector<int> logical(static_cast<size_t>(spec.n_experts));
+  std::iota(logical.begin(), logical.end(), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::shuffle(logical.begin(), logical.end(), rng);
+    for (int j = 0; j < columns; ++j) ids.data<int32_t>()[t * columns + j] = table[logical[j]];
+  }
+  Tensor weights = Tensor::empty(DType::f32, {T * columns});
+  std::fill_n(weights.data<float>(), T * columns, 1.0f / static_cast<float>(columns));
+  const auto on_device = [&](Tensor host) {
+    if (device.kind == DeviceKind::cpu) return host;
+    Tensor t = Tensor::empty(host.view().dtype, host.view().shape, device);
+    copy(t, host);
+    return t;
+  };
+  return {on_device(random_tensor({T, spec.hidden}, DType::bf16, rng)), on_device(std::move(ids)),
+          on_device(std::move(weights)), Tensor::empty(DType::f32, {T, spec.hidden}, device),
+          Buffer::allocate(device, dispatcher.scratch_bytes())};
+}
+
 RankResult bench_one(const Plan& plan, Communicator& comm, int64_t T, int repeats, uint64_t seed) {
   const ModelSpec& spec = plan.spec;
   const int columns = spec.routing.top_k, rank = comm.rank();
   std::vector<int32_t> global_to_local(static_cast<size_t>(plan.location.physical), -1);
   for (int s = 0; s < plan.local_routed; ++s) global_to_local[plan.first_local + s] = s;
-  const DispatcherEntry* entry = find_dispatcher(A2AKind::mpi);
+  const DispatcherEntry* entry = find_dispatcher(plan.options.a2a);
   std::unique_ptr<Dispatcher> dispatcher =
       entry->create({.hidden = spec.hidden,
                      .columns = columns,
                      .max_tokens = T,
                      .max_received_tokens = plan.max_received_tokens,
                      .global_to_local = std::move(global_to_local),
+                     .device = plan.options.device,
                      .comm = &comm,
                      .timeout_ms = plan.options.comm_timeout_ms,
                      .mode = plan.a2a_mode,
@@ -66,21 +104,16 @@ RankResult bench_one(const Plan& plan, Communicator& comm, int64_t T, int repeat
                      .quant = plan.quant,
                      .physical = plan.location.physical,
                      .per_rank = plan.location.per_rank()});
-  Buffer scratch = Buffer::allocate(Device::cpu(), dispatcher->scratch_bytes());
-  const ExecContext ctx{.device = Device::cpu(), .pool = &ThreadPool::shared(plan.threads)};
-
   std::mt19937_64 rng(seed + static_cast<uint64_t>(rank));
-  const Tensor hidden = random_tensor({T, spec.hidden}, DType::bf16, rng);
-  std::vector<int32_t> ids(static_cast<size_t>(T * columns));
-  std::vector<float> weights(ids.size(), 1.0f / static_cast<float>(columns));
-  std::vector<float> combined(static_cast<size_t>(T * spec.hidden));
-  const std::vector<int>& table = plan.location.rank_table[static_cast<size_t>(rank)];
-  std::vector<int> logical(static_cast<size_t>(spec.n_experts));
-  std::iota(logical.begin(), logical.end(), 0);
-  for (int64_t t = 0; t < T; ++t) {
-    std::shuffle(logical.begin(), logical.end(), rng);
-    for (int j = 0; j < columns; ++j) ids[t * columns + j] = table[logical[j]];
-  }
+  BenchBuffers b = bench_buffers(plan, *dispatcher, T, rng);
+  const bool on_gpu = plan.options.device.kind == DeviceKind::cuda;
+  // On the GPU the default stream: a timing ends when the work it enqueued there has run.
+  const ExecContext ctx{.device = plan.options.device,
+                        .pool = on_gpu ? nullptr : &ThreadPool::shared(plan.threads)};
+  const auto finished = [&] {
+    if (on_gpu) synchronize_stream(nullptr);
+    return std::chrono::steady_clock::now();
+  };
 
   RankResult r{.tokens = T};
   std::vector<double> dispatch_s, combine_s;
@@ -89,14 +122,15 @@ RankResult bench_one(const Plan& plan, Communicator& comm, int64_t T, int repeat
     comm.barrier({"bench: align the ranks", plan.options.comm_timeout_ms});
     const std::vector<int64_t> before = comm.bytes_sent_to();
     const auto t0 = std::chrono::steady_clock::now();
-    const DispatchOutput out = dispatcher->dispatch(ctx, hidden.view(), ids.data(), weights.data(),
-                                                    combined.data(), scratch.data());
-    const auto t1 = std::chrono::steady_clock::now();
+    const DispatchOutput out =
+        dispatcher->dispatch(ctx, b.hidden.view(), b.ids.data<int32_t>(), b.weights.data<float>(),
+                             b.combined.data<float>(), b.scratch.data());
+    const auto t1 = finished();
     const std::vector<int64_t> between = comm.bytes_sent_to();
     comm.barrier({"bench: align the ranks", plan.options.comm_timeout_ms});
     const auto t2 = std::chrono::steady_clock::now();
-    dispatcher->combine(ctx, out, combined.data(), scratch.data());
-    const auto t3 = std::chrono::steady_clock::now();
+    dispatcher->combine(ctx, out, b.combined.data<float>(), b.scratch.data());
+    const auto t3 = finished();
     if (call < 0) continue;
     dispatch_s.push_back(std::chrono::duration<double>(t1 - t0).count());
     combine_s.push_back(std::chrono::duration<double>(t3 - t2).count());
@@ -116,8 +150,9 @@ RankResult bench_one(const Plan& plan, Communicator& comm, int64_t T, int repeat
   return r;
 }
 
-// Every rank's result on rank 0.
-std::vector<RankResult> gather(Communicator& comm, const RankResult& mine, int64_t timeout_ms) {
+// Every rank's result on rank 0, through the communicator's buffers.
+std::vector<RankResult> gather(Communicator& comm, const RankResult& mine, Device device,
+                               int64_t timeout_ms) {
   const int size = comm.size();
   std::vector<RankResult> all(static_cast<size_t>(size));
   ExchangeArrays a(size);
@@ -128,7 +163,17 @@ std::vector<RankResult> gather(Communicator& comm, const RankResult& mine, int64
     a.recv_offsets[p] = p * kBytes;
     a.recv_capacity[p] = comm.rank() == 0 ? kBytes : 0;
   }
-  comm.all_to_all({}, a.view(&mine, all.data()), {"bench: gather the results", timeout_ms});
+  const CommStep step{"bench: gather the results", timeout_ms};
+  if (comm.buffers() == DeviceKind::cpu) {
+    comm.all_to_all({}, a.view(&mine, all.data()), step);
+    return all;
+  }
+  RankResult staged = mine;
+  const Tensor send = Tensor::empty(DType::i8, {kBytes}, device);
+  const Tensor recv = Tensor::empty(DType::i8, {size * kBytes}, device);
+  copy(send, TensorView::contiguous(&staged, DType::i8, {kBytes}));
+  comm.all_to_all({.device = device}, a.view(send.view().data, recv.view().data), step);
+  copy(TensorView::contiguous(all.data(), DType::i8, {size * kBytes}), recv);
   return all;
 }
 
@@ -136,14 +181,19 @@ std::vector<RankResult> gather(Communicator& comm, const RankResult& mine, int64
 
 std::string run_a2a_bench(const ModelSpec& spec, const Options& options, const Platform& platform,
                           const std::vector<int64_t>& tokens, int repeats, uint64_t seed) {
-  Communicator& comm = world_communicator(CommKind::mpi);
-  std::string text;
+  // Every plan first: a refusal ends the run before any rank waits for another.
+  std::vector<Plan> plans;
   for (const int64_t T : tokens) {
     Options o = options;
     o.max_tokens = T;
-    const Plan plan = resolve(spec, o, platform);
-    const std::vector<RankResult> all =
-        gather(comm, bench_one(plan, comm, T, repeats, seed), o.comm_timeout_ms);
+    plans.push_back(resolve(spec, o, platform));
+  }
+  Communicator& comm = world_communicator(plans.front().comm);
+  std::string text;
+  for (const Plan& plan : plans) {
+    const int64_t T = plan.options.max_tokens;
+    const std::vector<RankResult> all = gather(comm, bench_one(plan, comm, T, repeats, seed),
+                                               plan.options.device, plan.options.comm_timeout_ms);
     if (comm.rank() != 0) continue;
     text += fmt::format(
         "\n{} ranks, {} tokens per rank, H={} top-{} of {} experts, bf16 rows, {} on the wire, {} "
@@ -168,9 +218,10 @@ std::string run_a2a_bench(const ModelSpec& spec, const Options& options, const P
       rows_max = std::max(rows_max, static_cast<double>(r.rows_received));
     }
     text += fmt::format(
-        "imbalance: the most loaded rank receives {:.2f}x the mean rows; bare = MPI_Alltoallv of "
-        "the same bytes per peer, in one call per direction\n",
-        rows_sum > 0 ? rows_max / (rows_sum / comm.size()) : 0.0);
+        "imbalance: the most loaded rank receives {:.2f}x the mean rows; bare = {} of the same "
+        "bytes per peer, in one call per direction\n",
+        rows_sum > 0 ? rows_max / (rows_sum / comm.size()) : 0.0,
+        comm.buffers() == DeviceKind::cpu ? "MPI_Alltoallv" : "grouped ncclSend/ncclRecv");
   }
   return text;
 }

@@ -133,6 +133,11 @@ struct StandardScratch {
 };
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
+// The all-to-all over NCCL (cuda/all_to_all_cuda.cpp): all_to_all.cpp's protocol on the GPU, in
+// normal mode with the rows as they came; its decide refuses what it has not built.
+Capability nccl_all_to_all_supports(const Deployment& deployment);
+std::unique_ptr<Dispatcher> make_nccl_all_to_all_dispatcher(const DispatcherProblem& problem);
+void nccl_all_to_all_decide(Plan& plan);
 #endif
 
 }  // namespace moekit

@@ -8,6 +8,11 @@ const std::vector<DispatcherEntry>& dispatcher_table() {
        standard_max_received_tokens, make_standard_dispatcher, nullptr},
       {A2AKind::mpi, DispatcherKind::all_to_all, DispatchFormat::standard, all_to_all_supports,
        all_to_all_max_received_tokens, make_all_to_all_dispatcher, all_to_all_decide},
+#ifdef MOEKIT_WITH_CUDA
+      {A2AKind::nccl, DispatcherKind::all_to_all, DispatchFormat::standard,
+       nccl_all_to_all_supports, all_to_all_max_received_tokens, make_nccl_all_to_all_dispatcher,
+       nccl_all_to_all_decide},
+#endif
   };
   return table;
 }

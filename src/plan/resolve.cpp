@@ -102,8 +102,8 @@ std::optional<std::string> shared_split_problem(const ModelSpec& spec, const Qua
   return std::nullopt;
 }
 
-// The reduce form on the GPU: the ranks' partial outputs summed over NCCL, one GPU per rank.
-void decide_nccl_reduce(Plan& plan, const std::string& axes) {
+// NCCL runs one process per GPU, each on the GPU of its local rank, with NCCL loadable.
+void require_nccl(const Plan& plan, const std::string& axes) {
   const Options& o = plan.options;
   const Platform& w = plan.platform;
   if (o.device.index != w.world_local_rank) {
@@ -117,6 +117,13 @@ void decide_nccl_reduce(Plan& plan, const std::string& axes) {
     refuse(axes, communicator_absent_reason(CommKind::nccl),
            "one process without a launcher, or device=cpu over MPI");
   }
+}
+
+// The reduce form on the GPU: the ranks' partial outputs summed over NCCL, one GPU per rank.
+void decide_nccl_reduce(Plan& plan, const std::string& axes) {
+  const Options& o = plan.options;
+  const Platform& w = plan.platform;
+  require_nccl(plan, axes);
   plan.comm = CommKind::nccl;
   plan.decisions.push_back(
       {PlanLayer::dispatcher,
@@ -126,6 +133,44 @@ void decide_nccl_reduce(Plan& plan, const std::string& axes) {
                    "are summed over NCCL in rank order (a reduce-scatter and an all-gather of "
                    "grouped ncclSend/ncclRecv on the layer's stream), so every rank returns the "
                    "layer's output; every exchange waits at most {} ms",
+                   w.world_size, o.comm_timeout_ms),
+       {},
+       std::nullopt});
+}
+
+// a2a nccl: the all-to-all between GPUs spans every rank the launcher started (or one process
+// alone, whose rows all stay on its GPU), one GPU per rank.
+void decide_nccl_all_to_all(Plan& plan, const std::string& launcher) {
+  const Options& o = plan.options;
+  const Platform& w = plan.platform;
+  if (o.tp.size > 1) {
+    refuse(fmt::format("a2a=nccl with tp size {}", o.tp.size),
+           "tensor parallelism under the all-to-all is not built: each token would need its row on "
+           "every slice's rank",
+           "a2a none with --tp-size (and --ep-size), or a2a nccl with --tp-size 1");
+  }
+  if (o.device.kind != DeviceKind::cuda) {
+    refuse(fmt::format("a2a=nccl on device={}", o.device.str()),
+           "the NCCL communicator moves GPU memory",
+           "device=cuda, or a2a mpi on device=cpu, or a2a none");
+  }
+  if (o.ep.size != w.world_size || o.ep.rank != w.world_rank) {
+    refuse(fmt::format("a2a=nccl with ep size {} rank {}", o.ep.size, o.ep.rank),
+           fmt::format("the all-to-all spans every rank the launcher started ({}, this one "
+                       "rank {}), so the ep size and rank must be those",
+                       w.world_size, w.world_rank),
+           launcher +
+               fmt::format(", or mpirun -np {} for ep size {}, or a2a none", o.ep.size, o.ep.size));
+  }
+  require_nccl(plan, "a2a=nccl");
+  plan.comm = CommKind::nccl;
+  plan.decisions.push_back(
+      {PlanLayer::dispatcher,
+       "communicator",
+       "nccl",
+       fmt::format("a2a nccl: rows go to the GPUs that hold their experts, over NCCL across {} "
+                   "rank(s), one GPU each (NVLink multicast off: NCCL_NVLS_ENABLE=0 unless set); "
+                   "every exchange waits at most {} ms",
                    w.world_size, o.comm_timeout_ms),
        {},
        std::nullopt});
@@ -145,14 +190,7 @@ void decide_world(Plan& plan) {
   const std::string launcher =
       fmt::format("--ep-size {} --ep-rank {} (the launcher's {} rank(s), this one rank {})",
                   w.world_size, w.world_rank, w.world_size, w.world_rank);
-  if (o.a2a == A2AKind::nccl) {
-    refuse("a2a=nccl",
-           "the nccl all-to-all dispatcher (rows sent between GPUs) is not built; what is built "
-           "across GPU processes is the reduce form, every rank seeing every token and the "
-           "partial outputs summed over NCCL",
-           "a2a none with --ep-size N (and --tp-size) under mpirun -np N, one GPU per rank; or "
-           "a2a mpi on device=cpu");
-  }
+  if (o.a2a == A2AKind::nccl) return decide_nccl_all_to_all(plan, launcher);
   if (o.a2a == A2AKind::mpi && o.tp.size > 1) {
     refuse(fmt::format("a2a=mpi with tp size {}", o.tp.size),
            "tensor parallelism under the all-to-all is not built: each token would need its row on "
@@ -179,9 +217,9 @@ void decide_world(Plan& plan) {
     }
     if (o.device.kind != DeviceKind::cpu) {
       refuse(fmt::format("a2a=mpi on device={}", o.device.str()),
-             "the MPI communicator moves host memory, and the all-to-all over NCCL (a2a nccl) "
-             "is not built",
-             "device=cpu, or a2a none with --ep-size (the reduce form, summed over NCCL)");
+             "the MPI communicator moves host memory",
+             "device=cpu, or a2a nccl (the all-to-all between GPUs), or a2a none with --ep-size "
+             "(the reduce form, summed over NCCL)");
     }
     plan.comm = CommKind::mpi;
     plan.decisions.push_back(
@@ -380,28 +418,29 @@ void decide_experts(Plan& plan) {
   if (plan.form == BlockForm::fused_slot) {
     plan.shared_slots =
         spec.n_shared * static_cast<int>(spec.shared_intermediate / spec.intermediate);
-    const bool own_tokens = plan.options.a2a == A2AKind::mpi;
+    const bool own_tokens = owns_its_tokens(plan.options);
     plan.shared_slot_weight = own_tokens ? 1.0f : 1.0f / static_cast<float>(ep.size);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared slots",
          fmt::format("{} slot(s) on every rank", plan.shared_slots),
-         own_tokens ? std::string("a2a mpi: each rank computes the shared slots for its own tokens "
-                                  "with weight 1; their rows never leave the rank")
-                    : fmt::format("each rank computes the shared experts for every token with "
-                                  "weight 1/{}, so the ranks' sum adds them once",
-                                  ep.size),
+         own_tokens
+             ? std::string("an all-to-all: each rank computes the shared slots for its own tokens "
+                           "with weight 1; their rows never leave the rank")
+             : fmt::format("each rank computes the shared experts for every token with "
+                           "weight 1/{}, so the ranks' sum adds them once",
+                           ep.size),
          {},
          std::nullopt});
   } else if (spec.n_shared > 0) {
-    const bool every_rank = plan.options.a2a == A2AKind::mpi || plan.comm != CommKind::none;
+    const bool every_rank = owns_its_tokens(plan.options) || plan.comm != CommKind::none;
     plan.adds_shared_output = every_rank || (ep.rank == 0 && plan.options.tp.rank == 0);
     plan.decisions.push_back(
         {PlanLayer::experts,
          "shared experts",
          plan.adds_shared_output ? "added on this rank" : "added on rank 0, not here",
-         plan.options.a2a == A2AKind::mpi
-             ? "a2a mpi: each rank holds its own tokens and adds their shared output"
+         owns_its_tokens(plan.options)
+             ? "an all-to-all: each rank holds its own tokens and adds their shared output"
          : every_rank
              ? "reduce form: the routed sum is summed over the ranks first, so each rank adds "
                "the shared output to the whole sum"

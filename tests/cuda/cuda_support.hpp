@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "contracts/exec.hpp"
 #include "moekit/dtype.hpp"
 #include "moekit/tensor.hpp"
 
@@ -35,6 +36,16 @@ inline const std::string& no_gpu_reason() {
     if (!::moekit::cuda_testing::no_gpu_reason().empty())      \
       GTEST_SKIP() << ::moekit::cuda_testing::no_gpu_reason(); \
   } while (0)
+
+// A stream of its own on cuda:0, for a test that runs stages or exchanges on one.
+struct Stream {
+  cudaStream_t stream = nullptr;
+  Stream() { cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); }
+  ~Stream() { cudaStreamDestroy(stream); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ExecContext context() const { return {.device = Device::cuda(0), .stream = stream}; }
+};
 
 inline constexpr uint8_t kPoison = 0xD5;
 

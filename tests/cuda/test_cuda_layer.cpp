@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "comm/communicator.hpp"
 #include "cuda/cuda_support.hpp"
 #include "support/layer_fixture.hpp"
 #include "support/specs.hpp"
@@ -28,6 +29,9 @@ struct CudaLayerCase {
   int64_t tokens = 3;
   int ep_size = 1;
   int redundant = 0;
+  // nccl: the all-to-all over a real NCCL communicator of one rank (this process): every row
+  // goes through the plan, pack, rank-order sum and NCCL's self-exchange.
+  A2AKind a2a = A2AKind::none;
 };
 
 // Odd sizes: H and I not multiples of 128 (nor of 16 for the fp8 formats), E not a power of two.
@@ -118,6 +122,10 @@ std::vector<CudaLayerCase> cases() {
     }
     out.push_back({fname + "_dsv3_ep4", small_dsv3(), format, BlockForm::fused_slot, DType::bf16,
                    1000, 4, 0});
+    for (BlockForm form : {BlockForm::standard, BlockForm::fused_slot}) {
+      out.push_back({fname + "_dsv3_a2a_nccl_" + std::string(block_form_name(form)) + "_T9",
+                     small_dsv3(), format, form, DType::bf16, 9, 1, 0, A2AKind::nccl});
+    }
   }
   for (auto& c : out) {
     for (char& ch : c.name) {
@@ -190,7 +198,11 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
   const ModelSpec& spec = c.spec;
   const int64_t T = c.tokens, H = spec.hidden;
   const int k = spec.routing.top_k;
+  if (c.a2a == A2AKind::nccl && !communicator_built(CommKind::nccl)) {
+    GTEST_SKIP() << communicator_absent_reason(CommKind::nccl);
+  }
   Options options = on_gpu();
+  options.a2a = c.a2a;
   options.weights = c.weights;
   options.form = c.form;
   options.max_tokens = std::max<int64_t>(T, 8);

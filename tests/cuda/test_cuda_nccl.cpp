@@ -23,6 +23,7 @@ namespace {
 using cuda_testing::download;
 using cuda_testing::kPoison;
 using cuda_testing::poisoned;
+using cuda_testing::Stream;
 using cuda_testing::upload;
 
 #define MOEKIT_REQUIRE_NCCL()                                     \
@@ -31,13 +32,6 @@ using cuda_testing::upload;
     if (!communicator_built(CommKind::nccl))                      \
       GTEST_SKIP() << communicator_absent_reason(CommKind::nccl); \
   } while (0)
-
-struct Stream {
-  cudaStream_t stream = nullptr;
-  Stream() { cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); }
-  ~Stream() { cudaStreamDestroy(stream); }
-  ExecContext context() const { return {.device = Device::cuda(0), .stream = stream}; }
-};
 
 std::vector<uint8_t> counting_bytes(int64_t n) {
   std::vector<uint8_t> bytes(static_cast<size_t>(n));
@@ -196,7 +190,7 @@ Options reduce_form_on(int device, int rank) {
   return options;
 }
 
-void expect_mentions(const std::string& text, std::initializer_list<const char*> fragments) {
+void expect_mentions(const std::string& text, const std::vector<const char*>& fragments) {
   for (const char* fragment : fragments) {
     EXPECT_NE(text.find(fragment), std::string::npos)
         << "'" << text << "' lacks '" << fragment << "'";
@@ -226,12 +220,72 @@ TEST(CudaResolve, TheReduceFormRefusesAGpuOtherThanTheLocalRanks) {
   expect_mentions(r.refusal, {"local rank is 1", "--device cuda:1"});
 }
 
-TEST(CudaResolve, TheNcclAllToAllIsRefusedNamingWhatIsBuilt) {
-  Options options = reduce_form_on(1, 1);
+Options nccl_all_to_all_on(int device, int rank) {
+  Options options = reduce_form_on(device, rank);
   options.a2a = A2AKind::nccl;
-  const Resolution r = try_resolve(small_dsv3(), options, two_gpus_launched(1));
-  ASSERT_FALSE(r.plan.has_value());
-  expect_mentions(r.refusal, {"a2a=nccl", "not built", "a2a none with --ep-size"});
+  return options;
+}
+
+TEST(CudaResolve, TheNcclAllToAllSendsRowsBetweenGpusInNormalModeOrIsRefusedSayingWhyNot) {
+  const Resolution r = try_resolve(small_dsv3(), nccl_all_to_all_on(1, 1), two_gpus_launched(1));
+  if (!communicator_built(CommKind::nccl)) {
+    ASSERT_FALSE(r.plan.has_value());
+    expect_mentions(r.refusal, {"a2a=nccl", communicator_absent_reason(CommKind::nccl).c_str()});
+    return;
+  }
+  ASSERT_TRUE(r.plan.has_value()) << r.refusal;
+  EXPECT_EQ(r.plan->comm, CommKind::nccl);
+  EXPECT_EQ(r.plan->dispatcher, DispatcherKind::all_to_all);
+  EXPECT_EQ(r.plan->a2a_mode, A2AMode::normal);
+  EXPECT_EQ(r.plan->a2a_wire, A2AWire::activations);
+  EXPECT_EQ(r.plan->max_received_tokens, 2 * r.plan->options.max_tokens);
+  EXPECT_TRUE(r.plan->adds_shared_output) << "each rank holds its own tokens";
+  expect_mentions(r.plan->explain(), {"a2a nccl", "NCCL_NVLS_ENABLE=0", "rank order"});
+}
+
+struct RefusedAllToAll {
+  const char* name;
+  void (*change)(Options&);
+  std::vector<const char*> fragments;
+};
+
+TEST(CudaResolve, TheNcclAllToAllRefusesWhatItHasNotBuiltOrCannotSpan) {
+  const RefusedAllToAll cases[] = {
+      {"low-latency mode",
+       [](Options& o) { o.a2a_mode = A2AMode::low_latency; },
+       {"low-latency", "not built", "--a2a-mode auto or normal"}},
+      {"the e4m3 wire",
+       [](Options& o) { o.a2a_wire = A2AWire::e4m3; },
+       {"e4m3", "not built", "--a2a-wire auto or activations"}},
+      {"an ep rank other than the launcher's",
+       [](Options& o) { o.ep.rank = 0; },
+       {"a2a=nccl with ep size 2 rank 0", "--ep-rank 1"}},
+      {"tensor parallelism",
+       [](Options& o) { o.tp = {.size = 2, .rank = 0}; },
+       {"a2a=nccl with tp size 2", "not built"}},
+      {"a GPU other than the local rank's",
+       [](Options& o) { o.device = Device::cuda(0); },
+       {"local rank is 1", "--device cuda:1"}},
+      {"the CPU",
+       [](Options& o) {
+         o.device = Device::cpu();
+         o.runner = RunnerKind::cpu;
+       },
+       {"a2a=nccl on device=cpu", "a2a mpi on device=cpu"}},
+  };
+  for (const RefusedAllToAll& c : cases) {
+    SCOPED_TRACE(c.name);
+    Options options = nccl_all_to_all_on(1, 1);
+    c.change(options);
+    const Resolution r = try_resolve(small_dsv3(), options, two_gpus_launched(1));
+    ASSERT_FALSE(r.plan.has_value());
+    // Where NCCL does not load, the refusal may name that first: either is a plain refusal.
+    if (!communicator_built(CommKind::nccl) &&
+        r.refusal.find(communicator_absent_reason(CommKind::nccl)) != std::string::npos) {
+      continue;
+    }
+    expect_mentions(r.refusal, c.fragments);
+  }
 }
 
 }  // namespace

@@ -91,12 +91,12 @@ class CpuRouterStage final : public RouterStage {
     });
   }
 
-  // The source rank's static table picks the replica that serves a token. Under a2a mpi every
+  // The source rank's static table picks the replica that serves a token. Under an all-to-all every
   // token is this rank's own; otherwise every rank sees the whole batch, and token t belongs to
   // source rank t * ep / T (the ranks' equal shares of it, as with data-parallel attention).
   void to_physical(int64_t T, const Arrays& a) const {
     const ExpertLocation& location = plan_.location;
-    const bool own_tokens = plan_.options.a2a == A2AKind::mpi;
+    const bool own_tokens = owns_its_tokens(plan_.options);
     for (int64_t t = 0; t < T; ++t) {
       const int64_t source = own_tokens ? plan_.options.ep.rank : t * location.ep_size / T;
       const std::vector<int>& table = location.rank_table[static_cast<size_t>(source)];

@@ -96,10 +96,15 @@ class CudaRouterStage final : public RouterStage {
            "a plan fuses logical -> physical into the router, but a shared gate "
            "weights its fused shared slots");
     }
+    // Under an all-to-all every token is this rank's own: its row of the table serves them all.
+    const std::vector<std::vector<int>>& ranks = plan.location.rank_table;
+    const bool own_tokens = owns_its_tokens(plan.options);
+    const auto first = own_tokens ? ranks.begin() + plan.options.ep.rank : ranks.begin();
+    const auto last = own_tokens ? first + 1 : ranks.end();
+    table_ranks_ = static_cast<int>(last - first);
     std::vector<int32_t> table;
-    for (const std::vector<int>& rank : plan.location.rank_table) {
-      table.insert(table.end(), rank.begin(), rank.end());
-    }
+    for (auto rank = first; rank != last; ++rank)
+      table.insert(table.end(), rank->begin(), rank->end());
     rank_table_ = to_device(table, DType::i32, plan.options.device);
   }
 
@@ -148,7 +153,7 @@ class CudaRouterStage final : public RouterStage {
         .top_k = top_k_,
         .rank_table = rank_table_.data<int32_t>(),
         .n_logical = spec.n_experts,
-        .ep_size = plan_.location.ep_size,
+        .ep_size = table_ranks_,
         .shared_slots = plan_.shared_slots,
         .first_shared_id = plan_.location.physical,
         .shared_slot_weight = plan_.shared_slot_weight,
@@ -218,9 +223,10 @@ class CudaRouterStage final : public RouterStage {
   routing::cuda::RouteArgs route_;
   // Plan::fusions.checks_in_router: hidden_states' and router_logits' statuses; null: none.
   block::cuda::FiniteStatus* checks_ = nullptr;
-  Tensor rank_table_;  // [ep_size, E] int32
-  Tensor bias_;        // [E] f32
-  Tensor gate_;        // [H] f32
+  int table_ranks_ = 1;  // the rows of rank_table_: the source ranks whose tokens come here
+  Tensor rank_table_;    // [table_ranks_, E] int32
+  Tensor bias_;          // [E] f32
+  Tensor gate_;          // [H] f32
 };
 
 class CudaOutputSum final : public OutputSum {

@@ -1,0 +1,106 @@
+#pragma once
+// The kernels of the all-to-all over NCCL (all_to_all_cuda.cpp): which rows go to which rank
+// with which (slot, weight) pairs, the rows packed per destination, the pairs that arrived
+// checked into the runner's arrays, and the partial sums that came back added in rank order.
+// Each enqueues on `stream`; every pointer is device memory unless it says otherwise.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moekit::dispatch::cuda {
+
+// Leads the exchange: one per destination rank, 16 bytes.
+struct WireHeader {
+  int32_t status;  // kWireOk, or kWireFailed: the sender's input failed and no rows follow
+  int32_t rows;    // rows this destination gets
+  int32_t dtype;   // the rows' DType, which every rank must share
+  int32_t bad_id;  // kWireFailed from a routed id out of range: that id
+};
+inline constexpr int32_t kWireOk = 0;
+inline constexpr int32_t kWireFailed = 1;
+
+// One column of a row on the wire: the expert's slot on the destination rank (-1: the column's
+// expert is held elsewhere), and the column's weight.
+struct WirePair {
+  int32_t slot;
+  float weight;
+};
+
+// Every token goes once to each rank that holds one of its columns' experts (its own rank for
+// the fused shared slots, ids from `physical` on). Rank r's rows, in token order, are
+// token_of[r][0, rows_r); index_of[r][t] is token t's row there or -1. Each row's `columns`
+// pairs go to send_pairs[r][i], or for this rank's own rows straight into the runner's arrays
+// (own_slots, own_weights: their first rows). headers[r] says how many rows r gets; an id
+// outside [0, n_global) fails every header. One block per destination rank.
+struct A2APlanArgs {
+  const int32_t* global_ids = nullptr;  // [tokens, columns]
+  const float* weights = nullptr;       // [tokens, columns]
+  int64_t tokens = 0;
+  int columns = 0;
+  int size = 1;
+  int me = 0;
+  int physical = 0;  // global ids below it: rank id / per_rank, slot id % per_rank
+  int per_rank = 0;
+  const int32_t* global_to_local = nullptr;  // [n_global]: the fused shared slots' local slots
+  int n_global = 0;
+  int64_t max_tokens = 0;  // the row stride of token_of, index_of and send_pairs
+  int32_t dtype = 0;
+  int32_t* token_of = nullptr;     // [size][max_tokens]
+  int32_t* index_of = nullptr;     // [size][max_tokens]
+  WirePair* send_pairs = nullptr;  // [size][max_tokens][columns]
+  int32_t* own_slots = nullptr;    // [max_tokens][columns]
+  float* own_weights = nullptr;
+  WireHeader* headers = nullptr;  // [size]
+};
+void plan_all_to_all(const A2APlanArgs& args, cudaStream_t stream);
+
+// Row i of destination r, token token_of[r][i]'s row of `hidden`, into own_rows[i] for this
+// rank and send_rows[r][i] for the others, for i < headers[r].rows (at most most_rows).
+struct PackRowsArgs {
+  const std::byte* hidden = nullptr;  // [tokens][row_bytes]
+  int64_t row_bytes = 0;
+  const int32_t* token_of = nullptr;  // [size][max_tokens]
+  int64_t max_tokens = 0;
+  int size = 1;
+  int me = 0;
+  const WireHeader* headers = nullptr;  // [size]
+  int64_t most_rows = 0;
+  std::byte* send_rows = nullptr;  // [size][max_tokens][row_bytes]
+  std::byte* own_rows = nullptr;   // [max_tokens][row_bytes]
+};
+void pack_rows(const PackRowsArgs& args, cudaStream_t stream);
+
+// Pairs that came from other ranks, [rows][columns], into the runner's arrays from row
+// `first_row` on. A slot outside [-1, slots) becomes -1 (it adds nothing) and sets *bad_slot,
+// which the host reads once the stream has run (host-mapped memory).
+struct UnpackPairsArgs {
+  const WirePair* pairs = nullptr;
+  int64_t rows = 0;
+  int columns = 0;
+  int slots = 0;
+  int64_t first_row = 0;
+  int32_t* slots_out = nullptr;
+  float* weights_out = nullptr;
+  int32_t* bad_slot = nullptr;
+};
+void unpack_pairs(const UnpackPairsArgs& args, cudaStream_t stream);
+
+// combined[t] = sum over ranks r in order 0, 1, ..., size-1 of the partial sum of token t's row
+// there (index_of[r][t] >= 0): own[i] for this rank, back[r][i] for the others; 0 where no rank
+// holds any of the token's experts.
+struct RankOrderSumArgs {
+  const float* own = nullptr;   // [rows][H]
+  const float* back = nullptr;  // [size][max_tokens][H]
+  const int32_t* index_of = nullptr;
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t max_tokens = 0;
+  int size = 1;
+  int me = 0;
+  float* combined = nullptr;  // [tokens][H]
+};
+void sum_in_rank_order(const RankOrderSumArgs& args, cudaStream_t stream);
+
+}  // namespace moekit::dispatch::cuda

@@ -1,0 +1,483 @@
+// The all-to-all over NCCL's dispatcher (a2a nccl) between several ranks on one GPU: each rank a
+// thread with a stream of its own, joined by a loopback communicator that moves device bytes
+// between their buffers with NCCL's rule (a receive takes the exact size sent, or the step fails
+// at its deadline). A stand-in runner on the host weights each received row by its slots, so the
+// combined output checks every row's destination, its pairs and the way back against a float64
+// sum computed from the routed ids alone. The whole layer over a real NCCL communicator of one
+// rank is in test_cuda_layer.cpp (the *_a2a_nccl_* cases).
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/nccl/segment_sum.hpp"
+#include "cuda/cuda_support.hpp"
+#include "dispatch/dispatcher.hpp"
+#include "moekit/error.hpp"
+
+namespace moekit::test {
+namespace {
+
+using cuda_testing::download;
+using cuda_testing::kPoison;
+using cuda_testing::Stream;
+using cuda_testing::upload;
+
+// N ranks as threads of this process on one GPU. An exchange is two rendezvous: every rank posts
+// what it sends, each copies what its peers send it into its own buffers on its stream, and all
+// wait until every copy is done before any sender may reuse its buffer.
+class LoopbackWorld {
+ public:
+  explicit LoopbackWorld(int size) : size_(size), posted_(static_cast<size_t>(size)) {}
+
+  int size() const { return size_; }
+
+  void exchange(int rank, const ExecContext& ctx, const Exchange& x, const CommStep& step) {
+    require(cudaStreamSynchronize(ctx.stream), rank, step);  // the send buffers are written
+    std::unique_lock<std::mutex> lock(mutex_);
+    posted_[static_cast<size_t>(rank)] = x;
+    arrive(lock, rank, step);
+    const std::vector<Exchange> posted = posted_;
+    lock.unlock();
+    for (int p = 0; p < size_; ++p) {
+      const Exchange& from = posted[static_cast<size_t>(p)];
+      const int64_t bytes = from.send_bytes[rank];
+      if (bytes != x.recv_capacity[p]) {
+        fail(Errc::comm, "rank {}: step '{}': rank {} sends {} bytes into a receive of {}", rank,
+             step.name, p, bytes, x.recv_capacity[p]);
+      }
+      if (bytes > 0) {
+        require(cudaMemcpyAsync(x.recv + x.recv_offsets[p], from.send + from.send_offsets[rank],
+                                static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, ctx.stream),
+                rank, step);
+      }
+      x.received[p] = bytes;
+    }
+    require(cudaStreamSynchronize(ctx.stream), rank, step);
+    lock.lock();
+    arrive(lock, rank, step);
+  }
+
+  bool barrier(int rank, const CommStep& step) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    try {
+      arrive(lock, rank, step);
+    } catch (const Error&) {
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  void arrive(std::unique_lock<std::mutex>& lock, int rank, const CommStep& step) {
+    const int64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      all_arrived_.notify_all();
+      return;
+    }
+    if (!all_arrived_.wait_for(lock, std::chrono::milliseconds(step.timeout_ms),
+                               [&] { return generation_ != generation; })) {
+      fail(Errc::comm, "rank {}: step '{}' timed out after {} ms", rank, step.name,
+           step.timeout_ms);
+    }
+  }
+
+  static void require(cudaError_t status, int rank, const CommStep& step) {
+    if (status == cudaSuccess) return;
+    cudaGetLastError();
+    fail(Errc::comm, "rank {}: step '{}': {}", rank, step.name, cudaGetErrorString(status));
+  }
+
+  int size_;
+  std::mutex mutex_;
+  std::condition_variable all_arrived_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+  std::vector<Exchange> posted_;
+};
+
+class LoopbackCommunicator final : public Communicator {
+ public:
+  LoopbackCommunicator(LoopbackWorld& world, int rank)
+      : world_(world), rank_(rank), arrays_(world.size()), sent_to_(world.size()) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_.size(); }
+  std::string_view name() const override { return "loopback"; }
+  DeviceKind buffers() const override { return DeviceKind::cuda; }
+
+  void all_to_all(const ExecContext& ctx, const Exchange& x, const CommStep& step) override {
+    world_.exchange(rank_, ctx, x, step);
+    for (int p = 0; p < size(); ++p) {
+      if (p != rank_) sent_to_[static_cast<size_t>(p)] += x.send_bytes[p];
+    }
+  }
+  void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
+                      const CommStep& step) override {
+    fixed_order_all_reduce(
+        *this, arrays_, ctx, data, count, scratch, step,
+        [](const ExecContext& c, float* out, const float* parts, int64_t stride, int n_parts,
+           int64_t n) { comm::cuda::segment_sum(out, parts, stride, n_parts, n, c.stream); });
+  }
+  int64_t all_reduce_scratch(int64_t count) const override {
+    return fixed_order_reduce_scratch(size(), count);
+  }
+  bool barrier(const CommStep& step) override { return world_.barrier(rank_, step); }
+  [[noreturn]] void abort(int) override { std::abort(); }
+  const std::vector<int64_t>& bytes_sent_to() const override { return sent_to_; }
+  double bare_all_to_all_seconds(const std::vector<int64_t>&, int) override {
+    fail(Errc::internal, "the loopback world times no transport");
+  }
+
+ private:
+  LoopbackWorld& world_;
+  int rank_;
+  ExchangeArrays arrays_;
+  std::vector<int64_t> sent_to_;
+};
+
+// Runs body(rank) on `size` threads at once; the first exception of each rank is kept.
+template <typename Body>
+std::vector<std::exception_ptr> on_every_rank(int size, Body body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (...) {
+        errors[static_cast<size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+struct A2ACase {
+  std::string name;
+  std::vector<int64_t> tokens;  // per rank
+  int per_rank = 3;             // experts per rank
+  int top_k = 2;
+  int shared_slots = 0;  // fused shared slots: their columns stay on the token's rank
+  int64_t hidden = 64;
+  DType dtype = DType::bf16;
+  bool hot_expert = false;  // every token's first column is expert 0
+};
+
+// A rank's experts and fused shared slots as the layer lays them out: physical ids
+// [rank * per_rank, (rank + 1) * per_rank) at slots 0.., then the shared slots.
+struct Layout {
+  int size, per_rank, shared_slots;
+
+  int physical() const { return size * per_rank; }
+  std::vector<int32_t> global_to_local(int rank) const {
+    std::vector<int32_t> table(static_cast<size_t>(physical() + shared_slots), -1);
+    for (int s = 0; s < per_rank; ++s) table[static_cast<size_t>(rank * per_rank + s)] = s;
+    for (int s = 0; s < shared_slots; ++s)
+      table[static_cast<size_t>(physical() + s)] = per_rank + s;
+    return table;
+  }
+  // The slot an id has on the rank that holds it.
+  int slot_of(int32_t id) const {
+    return id < physical() ? id % per_rank : per_rank + id - physical();
+  }
+};
+
+// One rank's batch: top_k distinct routed experts per token, then the shared slots.
+struct Batch {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  cuda_testing::Activations hidden;
+};
+
+Batch random_batch(const A2ACase& c, const Layout& layout, int rank) {
+  const int64_t T = c.tokens[static_cast<size_t>(rank)];
+  const int columns = c.top_k + c.shared_slots;
+  std::mt19937 rng(100 + static_cast<uint32_t>(rank));
+  Batch b;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> experts(static_cast<size_t>(layout.physical()));
+    for (size_t e = 0; e < experts.size(); ++e) experts[e] = static_cast<int32_t>(e);
+    std::shuffle(experts.begin(), experts.end(), rng);
+    if (c.hot_expert) std::iter_swap(experts.begin(), std::find(experts.begin(), experts.end(), 0));
+    b.ids.insert(b.ids.end(), experts.begin(), experts.begin() + c.top_k);
+    for (int s = 0; s < c.shared_slots; ++s) b.ids.push_back(layout.physical() + s);
+  }
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int64_t e = 0; e < T * columns; ++e) b.weights.push_back(weight(rng));
+  b.hidden = cuda_testing::as_dtype(cuda_testing::normal(T * c.hidden, 7 + rank), c.dtype);
+  return b;
+}
+
+// The stand-in runner: row i's sum is its row times sum over its pairs of weight * (slot + 1).
+std::vector<float> stand_in_sums(const std::vector<float>& rows, const std::vector<int32_t>& slots,
+                                 const std::vector<float>& weights, int64_t n_rows, int columns,
+                                 int64_t H) {
+  std::vector<float> sums(static_cast<size_t>(n_rows * H));
+  for (int64_t i = 0; i < n_rows; ++i) {
+    float scale = 0.0f;
+    for (int k = 0; k < columns; ++k) {
+      const size_t e = static_cast<size_t>(i * columns + k);
+      if (slots[e] >= 0) scale += weights[e] * static_cast<float>(slots[e] + 1);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      sums[static_cast<size_t>(i * H + h)] = scale * rows[static_cast<size_t>(i * H + h)];
+  }
+  return sums;
+}
+
+// What combine() must leave for each token, from the routed ids alone, in float64.
+std::vector<double> expected_output(const Batch& b, const Layout& layout, int64_t T, int columns,
+                                    int64_t H) {
+  std::vector<double> out(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    double scale = 0.0;
+    for (int k = 0; k < columns; ++k) {
+      const size_t e = static_cast<size_t>(t * columns + k);
+      scale += static_cast<double>(b.weights[e]) * (layout.slot_of(b.ids[e]) + 1);
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      out[static_cast<size_t>(t * H + h)] = scale * b.hidden.values[static_cast<size_t>(t * H + h)];
+    }
+  }
+  return out;
+}
+
+// How many rows rank `me` receives: one per (token of any rank, this rank) with a column here.
+int64_t expected_rows(const std::vector<Batch>& batches, const A2ACase& c, const Layout& layout,
+                      int me) {
+  const int columns = c.top_k + c.shared_slots;
+  int64_t rows = 0;
+  for (size_t r = 0; r < batches.size(); ++r) {
+    for (int64_t t = 0; t < c.tokens[r]; ++t) {
+      bool here = false;
+      for (int k = 0; k < columns; ++k) {
+        const int32_t id = batches[r].ids[static_cast<size_t>(t * columns + k)];
+        here |= id >= layout.physical() ? static_cast<int>(r) == me : id / layout.per_rank == me;
+      }
+      rows += here ? 1 : 0;
+    }
+  }
+  return rows;
+}
+
+DispatcherProblem problem_for(const A2ACase& c, const Layout& layout, int rank,
+                              Communicator& comm) {
+  const int64_t most = *std::max_element(c.tokens.begin(), c.tokens.end());
+  const int64_t max_tokens = std::max<int64_t>(most, 1);
+  return {.hidden = c.hidden,
+          .columns = c.top_k + c.shared_slots,
+          .max_tokens = max_tokens,
+          .max_received_tokens = max_tokens * layout.size,
+          .global_to_local = layout.global_to_local(rank),
+          .device = Device::cuda(0),
+          .comm = &comm,
+          .timeout_ms = 20000,
+          .mode = A2AMode::normal,
+          .wire = A2AWire::activations,
+          .quant = WeightFormat::bf16,
+          .physical = layout.physical(),
+          .per_rank = layout.per_rank};
+}
+
+double relative_l2(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0.0, ref = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err += (got[i] - want[i]) * (got[i] - want[i]);
+    ref += want[i] * want[i];
+  }
+  return ref == 0.0 ? std::sqrt(err) : std::sqrt(err / ref);
+}
+
+// What one rank's dispatch, stand-in runner and combine give, on a batch of `dtype` rows; the
+// scratch is poisoned first, so that a row or pair the dispatcher did not write shows.
+struct RankResult {
+  int64_t received = 0;
+  std::vector<float> output;
+};
+
+RankResult run_rank(const DispatcherProblem& problem, const Batch& b, DType dtype, int64_t T) {
+  const int64_t H = problem.hidden;
+  const int columns = problem.columns;
+  const auto dispatcher = make_nccl_all_to_all_dispatcher(problem);
+  const Buffer scratch = Buffer::allocate(Device::cuda(0), dispatcher->scratch_bytes());
+  if (cudaMemset(scratch.data(), kPoison, static_cast<size_t>(scratch.bytes())) != cudaSuccess) {
+    fail(Errc::internal, "poisoning the scratch failed");
+  }
+  const Tensor hidden = upload(b.hidden.bytes, dtype, {T, H});
+  const Tensor ids = upload(b.ids, DType::i32, {T * columns});
+  const Tensor weights = upload(b.weights, DType::f32, {T * columns});
+  const Tensor combined = cuda_testing::poisoned(DType::f32, {T, H});
+  const Stream stream;
+  const ExecContext ctx = stream.context();
+  const DispatchOutput out =
+      dispatcher->dispatch(ctx, hidden.view(), ids.data<int32_t>(), weights.data<float>(),
+                           combined.data<float>(), scratch.data());
+  synchronize_stream(stream.stream);
+  const auto on_gpu = [](const void* data, DType type, Shape shape) {
+    return TensorView::contiguous(const_cast<void*>(data), type, shape, Device::cuda(0));
+  };
+  std::vector<float> rows(static_cast<size_t>(out.tokens * H));
+  const std::vector<uint8_t> row_bytes = download<uint8_t>(out.hidden);
+  convert_to_f32(row_bytes.data(), dtype, out.tokens * H, rows.data());
+  std::vector<float> sums =
+      stand_in_sums(rows, download<int32_t>(on_gpu(out.slots, DType::i32, {out.tokens * columns})),
+                    download<float>(on_gpu(out.weights, DType::f32, {out.tokens * columns})),
+                    out.tokens, columns, H);
+  copy(on_gpu(out.sum, DType::f32, {out.tokens, H}),
+       TensorView::contiguous(sums.data(), DType::f32, {out.tokens, H}));
+  dispatcher->combine(ctx, out, combined.data<float>(), scratch.data());
+  synchronize_stream(stream.stream);
+  return {out.tokens, download<float>(combined.view())};
+}
+
+class CudaAllToAll : public ::testing::TestWithParam<A2ACase> {};
+
+TEST_P(CudaAllToAll, EveryTokensOutputIsTheSumOverTheRanksHoldingItsExperts) {
+  MOEKIT_REQUIRE_GPU();
+  const A2ACase& c = GetParam();
+  const int size = static_cast<int>(c.tokens.size());
+  const Layout layout{size, c.per_rank, c.shared_slots};
+  const int columns = c.top_k + c.shared_slots;
+  std::vector<Batch> batches;
+  for (int r = 0; r < size; ++r) batches.push_back(random_batch(c, layout, r));
+  std::vector<RankResult> results(static_cast<size_t>(size));
+  LoopbackWorld world(size);
+  const auto errors = on_every_rank(size, [&](int rank) {
+    LoopbackCommunicator comm(world, rank);
+    const auto r = static_cast<size_t>(rank);
+    results[r] = run_rank(problem_for(c, layout, rank, comm), batches[r], c.dtype, c.tokens[r]);
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto r = static_cast<size_t>(rank);
+    ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+    EXPECT_EQ(results[r].received, expected_rows(batches, c, layout, rank));
+    const std::vector<double> want =
+        expected_output(batches[r], layout, c.tokens[r], columns, c.hidden);
+    EXPECT_LE(relative_l2(results[r].output, want), 1e-5);
+  }
+}
+
+std::vector<A2ACase> a2a_cases() {
+  return {
+      {.name = "one_rank", .tokens = {5}},
+      {.name = "two_ranks", .tokens = {7, 4}},
+      {.name = "three_ranks_one_empty", .tokens = {6, 0, 9}, .per_rank = 2},
+      {.name = "four_ranks_hot_expert", .tokens = {33, 300, 1, 64}, .top_k = 3, .hot_expert = true},
+      {.name = "fused_shared_slots", .tokens = {8, 3}, .shared_slots = 2},
+      {.name = "f32_rows", .tokens = {4, 6}, .dtype = DType::f32},
+      // A row of 2 * 67 bytes: the rows move in 2-byte units, the pairs behind them unaligned to 8.
+      {.name = "odd_row_bytes", .tokens = {5, 2, 3}, .hidden = 67},
+  };
+}
+
+std::string a2a_case_name(const ::testing::TestParamInfo<A2ACase>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAllToAll, ::testing::ValuesIn(a2a_cases()), a2a_case_name);
+
+// Two ranks where something goes wrong on one of them: what each rank throws. `rank0` and
+// `rank1` change that rank's batch or call (nullptr: as planned).
+struct Fault {
+  const char* name;
+  void (*rank0)(Batch&);
+  DType rank1_dtype;
+  bool rank1_abandons;
+  // Fragments of each rank's error; empty: that rank succeeds.
+  std::vector<std::string> error0, error1;
+};
+
+void id_out_of_range(Batch& b) {
+  b.ids[1] = 999;
+}
+
+std::vector<Fault> faults() {
+  return {{"a rank that abandons its input fails the other naming it",
+           nullptr,
+           DType::bf16,
+           true,
+           {"rank 0", "rank(s) 1 refused their input", "dispatch: row counts"},
+           {}},
+          {"a routed id out of range fails its rank naming the id, and the other naming the rank",
+           id_out_of_range,
+           DType::bf16,
+           false,
+           {"routed expert id 999 is out of range"},
+           {"rank(s) 0 refused"}},
+          {"ranks whose hidden states differ in dtype both fail naming it",
+           nullptr,
+           DType::f32,
+           false,
+           {"bf16 here but f32 on rank 1"},
+           {"f32 here but bf16 on rank 0"}}};
+}
+
+TEST(CudaAllToAllFaults, EachRankFailsWithTheReasonNoneHangs) {
+  MOEKIT_REQUIRE_GPU();
+  const A2ACase c{.name = "fault", .tokens = {4, 4}};
+  const Layout layout{2, c.per_rank, 0};
+  for (const Fault& f : faults()) {
+    SCOPED_TRACE(f.name);
+    std::vector<Batch> batches{random_batch(c, layout, 0), random_batch(c, layout, 1)};
+    if (f.rank0 != nullptr) f.rank0(batches[0]);
+    const std::vector<float> values(batches[1].hidden.values);
+    batches[1].hidden = cuda_testing::as_dtype(values, f.rank1_dtype);
+    LoopbackWorld world(2);
+    const auto errors = on_every_rank(2, [&](int rank) {
+      LoopbackCommunicator comm(world, rank);
+      const DispatcherProblem problem = problem_for(c, layout, rank, comm);
+      if (rank == 1 && f.rank1_abandons) {
+        const auto dispatcher = make_nccl_all_to_all_dispatcher(problem);
+        const Buffer scratch = Buffer::allocate(Device::cuda(0), dispatcher->scratch_bytes());
+        const Stream stream;
+        dispatcher->abandon(stream.context(), scratch.data());
+        return;
+      }
+      run_rank(problem, batches[static_cast<size_t>(rank)], rank == 0 ? DType::bf16 : f.rank1_dtype,
+               4);
+    });
+    const std::vector<std::string>* expected[2] = {&f.error0, &f.error1};
+    for (int rank = 0; rank < 2; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank));
+      const std::exception_ptr& error = errors[static_cast<size_t>(rank)];
+      if (expected[rank]->empty()) {
+        EXPECT_FALSE(error) << message_of(error);
+        continue;
+      }
+      ASSERT_TRUE(error);
+      const std::string message = message_of(error);
+      for (const std::string& fragment : *expected[rank]) {
+        EXPECT_NE(message.find(fragment), std::string::npos) << message << " lacks " << fragment;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moekit::test
