@@ -198,6 +198,7 @@ class MoeLayer::Impl {
   }
 
   void synchronize() {
+    routed_.synchronize(ctx_);
     if (plan_.options.device.kind == DeviceKind::cuda) synchronize_stream(ctx_.stream);
     if (checks_) checks_->report();
   }

@@ -74,6 +74,17 @@ class Communicator {
 
   virtual void all_to_all(const ExecContext& ctx, const Exchange& exchange,
                           const CommStep& step) = 0;
+  // The same exchange enqueued on ctx.stream and not waited for, so that it can be captured in a
+  // CUDA graph: built by communicators whose exchanges run on the stream (NCCL; enqueues()).
+  // Sizes are exact both ways and `received` is not written. A peer that never answers leaves
+  // the stream unfinished, which wait() bounds.
+  virtual bool enqueues() const { return false; }
+  virtual void enqueue_all_to_all(const ExecContext& ctx, const Exchange& exchange,
+                                  const CommStep& step);
+  // Waits until ctx.stream has run what was enqueued on it, against the step's deadline; a
+  // timeout or a transport error aborts the communicator and throws Error(comm) naming this rank
+  // and the step.
+  virtual void wait(const ExecContext& ctx, const CommStep& step);
   // data[0, count) becomes the sum over the ranks, bit for bit the same on every rank: each
   // element is added in rank order 0, 1, ..., size-1, whatever order the parts arrive in.
   // `scratch` holds all_reduce_scratch(count) floats.

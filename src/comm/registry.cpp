@@ -21,6 +21,15 @@ Communicator& nccl_world(Communicator& (*mpi)());
 Communicator* nccl_world_if_made();
 #endif
 
+void Communicator::enqueue_all_to_all(const ExecContext&, const Exchange&, const CommStep& step) {
+  fail(Errc::internal,
+       "step '{}': the {} communicator waits for each exchange on the host and enqueues none",
+       step.name, name());
+}
+
+// A communicator that waits for each exchange has left nothing on the stream to wait for.
+void Communicator::wait(const ExecContext&, const CommStep&) {}
+
 bool communicator_built(CommKind kind) {
 #ifdef MOEKIT_WITH_MPI
   if (kind == CommKind::mpi) return true;

@@ -64,6 +64,11 @@ class Dispatcher {
   // failure instead of rows, so that each of them fails too (Errc::comm, naming this rank)
   // rather than waiting out its timeout.
   virtual void abandon(const ExecContext&, void*) {}
+  // Waits for what dispatch() and combine() left running on ctx.stream, against the exchanges'
+  // deadline, and reports (throws) what the device found wrong in what other ranks sent: a
+  // dispatcher that never waits on the host in forward() (the GPU's low-latency mode) checks
+  // there. The others have waited already and found nothing left to report.
+  virtual void synchronize(const ExecContext&, void*) {}
 };
 
 struct DispatcherEntry {

@@ -92,4 +92,8 @@ void ExpertsLayer::abandon(const ExecContext& ctx) {
   dispatcher_->abandon(ctx, scratch_.data());
 }
 
+void ExpertsLayer::synchronize(const ExecContext& ctx) {
+  dispatcher_->synchronize(ctx, scratch_.data());
+}
+
 }  // namespace moekit

@@ -31,6 +31,8 @@ class ExpertsLayer {
   // rank tells them that its input failed before forward() (Dispatcher::abandon).
   bool collective() const;
   void abandon(const ExecContext& ctx);
+  // Dispatcher::synchronize: the exchanges left running, bounded by their deadline.
+  void synchronize(const ExecContext& ctx);
 
  private:
   ExpertsProblem problem_;

@@ -126,6 +126,14 @@ class LoopbackCommunicator final : public Communicator {
       if (p != rank_) sent_to_[static_cast<size_t>(p)] += x.send_bytes[p];
     }
   }
+  // Enqueued exchanges run at once here (the ranks are threads of one process): the protocol of
+  // the low-latency mode is what these tests check, not its capture.
+  bool enqueues() const override { return true; }
+  void enqueue_all_to_all(const ExecContext& ctx, const Exchange& x,
+                          const CommStep& step) override {
+    all_to_all(ctx, x, step);
+  }
+  void wait(const ExecContext& ctx, const CommStep&) override { synchronize_stream(ctx.stream); }
   void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
                       const CommStep& step) override {
     fixed_order_all_reduce(
@@ -185,6 +193,7 @@ struct A2ACase {
   int64_t hidden = 64;
   DType dtype = DType::bf16;
   bool hot_expert = false;  // every token's first column is expert 0
+  A2AMode mode = A2AMode::normal;
 };
 
 // A rank's experts and fused shared slots as the layer lays them out: physical ids
@@ -284,10 +293,13 @@ int64_t expected_rows(const std::vector<Batch>& batches, const A2ACase& c, const
   return rows;
 }
 
+int64_t problem_max_tokens(const A2ACase& c) {
+  return std::max<int64_t>(*std::max_element(c.tokens.begin(), c.tokens.end()), 1);
+}
+
 DispatcherProblem problem_for(const A2ACase& c, const Layout& layout, int rank,
                               Communicator& comm) {
-  const int64_t most = *std::max_element(c.tokens.begin(), c.tokens.end());
-  const int64_t max_tokens = std::max<int64_t>(most, 1);
+  const int64_t max_tokens = problem_max_tokens(c);
   return {.hidden = c.hidden,
           .columns = c.top_k + c.shared_slots,
           .max_tokens = max_tokens,
@@ -296,7 +308,7 @@ DispatcherProblem problem_for(const A2ACase& c, const Layout& layout, int rank,
           .device = Device::cuda(0),
           .comm = &comm,
           .timeout_ms = 20000,
-          .mode = A2AMode::normal,
+          .mode = c.mode,
           .wire = A2AWire::activations,
           .quant = WeightFormat::bf16,
           .physical = layout.physical(),
@@ -313,10 +325,11 @@ double relative_l2(const std::vector<float>& got, const std::vector<double>& wan
   return ref == 0.0 ? std::sqrt(err) : std::sqrt(err / ref);
 }
 
-// What one rank's dispatch, stand-in runner and combine give, on a batch of `dtype` rows; the
-// scratch is poisoned first, so that a row or pair the dispatcher did not write shows.
+// What one rank's dispatch, stand-in runner, combine and synchronize give, on a batch of `dtype`
+// rows; the scratch is poisoned first, so that a row or pair the dispatcher did not write shows.
 struct RankResult {
-  int64_t received = 0;
+  int64_t runner_rows = 0;  // the rows the runner is handed
+  int64_t received = 0;     // those with a slot here
   std::vector<float> output;
 };
 
@@ -344,15 +357,22 @@ RankResult run_rank(const DispatcherProblem& problem, const Batch& b, DType dtyp
   std::vector<float> rows(static_cast<size_t>(out.tokens * H));
   const std::vector<uint8_t> row_bytes = download<uint8_t>(out.hidden);
   convert_to_f32(row_bytes.data(), dtype, out.tokens * H, rows.data());
-  std::vector<float> sums =
-      stand_in_sums(rows, download<int32_t>(on_gpu(out.slots, DType::i32, {out.tokens * columns})),
-                    download<float>(on_gpu(out.weights, DType::f32, {out.tokens * columns})),
-                    out.tokens, columns, H);
+  const std::vector<int32_t> slots =
+      download<int32_t>(on_gpu(out.slots, DType::i32, {out.tokens * columns}));
+  int64_t rows_with_a_slot = 0;
+  for (int64_t i = 0; i < out.tokens; ++i) {
+    rows_with_a_slot += std::any_of(slots.begin() + i * columns, slots.begin() + (i + 1) * columns,
+                                    [](int32_t s) { return s >= 0; });
+  }
+  std::vector<float> sums = stand_in_sums(
+      rows, slots, download<float>(on_gpu(out.weights, DType::f32, {out.tokens * columns})),
+      out.tokens, columns, H);
   copy(on_gpu(out.sum, DType::f32, {out.tokens, H}),
        TensorView::contiguous(sums.data(), DType::f32, {out.tokens, H}));
   dispatcher->combine(ctx, out, combined.data<float>(), scratch.data());
+  dispatcher->synchronize(ctx, scratch.data());
   synchronize_stream(stream.stream);
-  return {out.tokens, download<float>(combined.view())};
+  return {out.tokens, rows_with_a_slot, download<float>(combined.view())};
 }
 
 class CudaAllToAll : public ::testing::TestWithParam<A2ACase> {};
@@ -376,7 +396,11 @@ TEST_P(CudaAllToAll, EveryTokensOutputIsTheSumOverTheRanksHoldingItsExperts) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     const auto r = static_cast<size_t>(rank);
     ASSERT_FALSE(errors[r]) << message_of(errors[r]);
-    EXPECT_EQ(results[r].received, expected_rows(batches, c, layout, rank));
+    const int64_t rows = expected_rows(batches, c, layout, rank);
+    EXPECT_EQ(results[r].received, rows);
+    // Low-latency: every source's fixed slot, the rows past its count masked.
+    EXPECT_EQ(results[r].runner_rows,
+              c.mode == A2AMode::low_latency ? size * problem_max_tokens(c) : rows);
     const std::vector<double> want =
         expected_output(batches[r], layout, c.tokens[r], columns, c.hidden);
     EXPECT_LE(relative_l2(results[r].output, want), 1e-5);
@@ -384,16 +408,24 @@ TEST_P(CudaAllToAll, EveryTokensOutputIsTheSumOverTheRanksHoldingItsExperts) {
 }
 
 std::vector<A2ACase> a2a_cases() {
-  return {
+  std::vector<A2ACase> cases = {
       {.name = "one_rank", .tokens = {5}},
       {.name = "two_ranks", .tokens = {7, 4}},
       {.name = "three_ranks_one_empty", .tokens = {6, 0, 9}, .per_rank = 2},
       {.name = "four_ranks_hot_expert", .tokens = {33, 300, 1, 64}, .top_k = 3, .hot_expert = true},
       {.name = "fused_shared_slots", .tokens = {8, 3}, .shared_slots = 2},
       {.name = "f32_rows", .tokens = {4, 6}, .dtype = DType::f32},
-      // A row of 2 * 67 bytes: the rows move in 2-byte units, the pairs behind them unaligned to 8.
+      // A row of 2 * 67 bytes: the rows move in 2-byte units.
       {.name = "odd_row_bytes", .tokens = {5, 2, 3}, .hidden = 67},
   };
+  const size_t normal = cases.size();
+  for (size_t i = 0; i < normal; ++i) {
+    A2ACase low_latency = cases[i];
+    low_latency.name += "_low_latency";
+    low_latency.mode = A2AMode::low_latency;
+    cases.push_back(low_latency);
+  }
+  return cases;
 }
 
 std::string a2a_case_name(const ::testing::TestParamInfo<A2ACase>& info) {
@@ -402,12 +434,12 @@ std::string a2a_case_name(const ::testing::TestParamInfo<A2ACase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAllToAll, ::testing::ValuesIn(a2a_cases()), a2a_case_name);
 
-// Two ranks where something goes wrong on one of them: what each rank throws. `rank0` and
-// `rank1` change that rank's batch or call (nullptr: as planned).
+// Two ranks where something goes wrong on one of them: what each rank throws, in each mode (the
+// low-latency mode finds it on the device and reports it at synchronize()).
 struct Fault {
   const char* name;
-  void (*rank0)(Batch&);
-  DType rank1_dtype;
+  A2AMode mode;
+  void (*rank0)(Batch&);  // changes rank 0's batch; nullptr: as planned
   bool rank1_abandons;
   // Fragments of each rank's error; empty: that rank succeeds.
   std::vector<std::string> error0, error1;
@@ -418,36 +450,43 @@ void id_out_of_range(Batch& b) {
 }
 
 std::vector<Fault> faults() {
-  return {{"a rank that abandons its input fails the other naming it",
-           nullptr,
-           DType::bf16,
-           true,
-           {"rank 0", "rank(s) 1 refused their input", "dispatch: row counts"},
-           {}},
-          {"a routed id out of range fails its rank naming the id, and the other naming the rank",
-           id_out_of_range,
-           DType::bf16,
-           false,
-           {"routed expert id 999 is out of range"},
-           {"rank(s) 0 refused"}},
-          {"ranks whose hidden states differ in dtype both fail naming it",
-           nullptr,
-           DType::f32,
-           false,
-           {"bf16 here but f32 on rank 1"},
-           {"f32 here but bf16 on rank 0"}}};
+  const A2AMode normal = A2AMode::normal, low_latency = A2AMode::low_latency;
+  return {
+      {"a rank that abandons its input fails the other naming it",
+       normal,
+       nullptr,
+       true,
+       {"rank 0", "rank(s) 1 refused their input", "dispatch: row counts"},
+       {}},
+      {"a routed id out of range fails its rank naming the id, and the other naming the rank",
+       normal,
+       id_out_of_range,
+       false,
+       {"routed expert id 999 is out of range"},
+       {"rank(s) 0 refused"}},
+      {"low-latency: a rank that abandons its input fails the other at synchronize naming it",
+       low_latency,
+       nullptr,
+       true,
+       {"rank 0", "rank 1 refused its input", "low-latency dispatch and combine"},
+       {}},
+      {"low-latency: a routed id out of range fails both ranks at synchronize",
+       low_latency,
+       id_out_of_range,
+       false,
+       {"routed expert id 999 is out of range"},
+       {"rank 0 refused its input"}},
+  };
 }
 
 TEST(CudaAllToAllFaults, EachRankFailsWithTheReasonNoneHangs) {
   MOEKIT_REQUIRE_GPU();
-  const A2ACase c{.name = "fault", .tokens = {4, 4}};
-  const Layout layout{2, c.per_rank, 0};
   for (const Fault& f : faults()) {
     SCOPED_TRACE(f.name);
+    const A2ACase c{.name = "fault", .tokens = {4, 4}, .mode = f.mode};
+    const Layout layout{2, c.per_rank, 0};
     std::vector<Batch> batches{random_batch(c, layout, 0), random_batch(c, layout, 1)};
     if (f.rank0 != nullptr) f.rank0(batches[0]);
-    const std::vector<float> values(batches[1].hidden.values);
-    batches[1].hidden = cuda_testing::as_dtype(values, f.rank1_dtype);
     LoopbackWorld world(2);
     const auto errors = on_every_rank(2, [&](int rank) {
       LoopbackCommunicator comm(world, rank);
@@ -459,8 +498,7 @@ TEST(CudaAllToAllFaults, EachRankFailsWithTheReasonNoneHangs) {
         dispatcher->abandon(stream.context(), scratch.data());
         return;
       }
-      run_rank(problem, batches[static_cast<size_t>(rank)], rank == 0 ? DType::bf16 : f.rank1_dtype,
-               4);
+      run_rank(problem, batches[static_cast<size_t>(rank)], DType::bf16, 4);
     });
     const std::vector<std::string>* expected[2] = {&f.error0, &f.error1};
     for (int rank = 0; rank < 2; ++rank) {
@@ -476,6 +514,29 @@ TEST(CudaAllToAllFaults, EachRankFailsWithTheReasonNoneHangs) {
         EXPECT_NE(message.find(fragment), std::string::npos) << message << " lacks " << fragment;
       }
     }
+  }
+}
+
+// Ranks whose hidden states differ in dtype: in normal mode both fail in the first exchange,
+// each naming the other's dtype.
+TEST(CudaAllToAllFaults, RanksWhoseHiddenStatesDifferInDtypeBothFailNamingIt) {
+  MOEKIT_REQUIRE_GPU();
+  const A2ACase c{.name = "dtype", .tokens = {4, 4}};
+  const Layout layout{2, c.per_rank, 0};
+  std::vector<Batch> batches{random_batch(c, layout, 0), random_batch(c, layout, 1)};
+  const std::vector<float> values(batches[1].hidden.values);
+  batches[1].hidden = cuda_testing::as_dtype(values, DType::f32);
+  LoopbackWorld world(2);
+  const auto errors = on_every_rank(2, [&](int rank) {
+    LoopbackCommunicator comm(world, rank);
+    run_rank(problem_for(c, layout, rank, comm), batches[static_cast<size_t>(rank)],
+             rank == 0 ? DType::bf16 : DType::f32, 4);
+  });
+  const char* expected[2] = {"bf16 here but f32 on rank 1", "f32 here but bf16 on rank 0"};
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(errors[static_cast<size_t>(rank)]) << "rank " << rank;
+    const std::string message = message_of(errors[static_cast<size_t>(rank)]);
+    EXPECT_NE(message.find(expected[rank]), std::string::npos) << message;
   }
 }
 

@@ -122,9 +122,13 @@ std::vector<CudaLayerCase> cases() {
     }
     out.push_back({fname + "_dsv3_ep4", small_dsv3(), format, BlockForm::fused_slot, DType::bf16,
                    1000, 4, 0});
+    // T = 9 plans the low-latency mode (max_tokens <= 128), T = 200 the normal one.
     for (BlockForm form : {BlockForm::standard, BlockForm::fused_slot}) {
-      out.push_back({fname + "_dsv3_a2a_nccl_" + std::string(block_form_name(form)) + "_T9",
-                     small_dsv3(), format, form, DType::bf16, 9, 1, 0, A2AKind::nccl});
+      for (int64_t tokens : {9, 200}) {
+        out.push_back({fname + "_dsv3_a2a_nccl_" + std::string(block_form_name(form)) + "_T" +
+                           std::to_string(tokens),
+                       small_dsv3(), format, form, DType::bf16, tokens, 1, 0, A2AKind::nccl});
+      }
     }
   }
   for (auto& c : out) {
@@ -222,6 +226,7 @@ TEST_P(CudaLayer, MatchesTheFloat64OracleOfItsFormat) {
     DeviceRun d = device_inputs(in, T, H, k);
     const RoutingResult routing{d.ids, d.weights};
     layer.forward(d.hidden, d.logits, d.output, &routing);
+    layer.synchronize();
     Tensor out = Tensor::empty(d.output.view().dtype, d.output.view().shape);
     copy(out, d.output);
     const std::vector<double> part = to_doubles(out.view());
@@ -285,6 +290,43 @@ TEST(CudaLayer, ANonFiniteInputIsReportedAtSynchronizeNamingItsRow) {
 // A whole forward captured in one CUDA graph and replayed on new inputs written into the same
 // buffers gives the eager result bit for bit; a host sync, allocation or pageable copy inside
 // forward would make the capture fail.
+void expect_replay_bit_for_bit(const Options& options, int64_t T) {
+  const ModelSpec spec = small_dsv3();
+  const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
+  MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DeviceRun d =
+      device_inputs(random_inputs(spec, T, DType::bf16, 7), T, spec.hidden, spec.routing.top_k);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  const Inputs fresh = random_inputs(spec, T, DType::bf16, 8);
+  copy(d.hidden, fresh.hidden);
+  copy(d.logits, fresh.logits);
+  d.output.fill_bytes(cuda_testing::kPoison);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<uint16_t> replayed = download<uint16_t>(d.output);
+
+  d.output.fill_bytes(cuda_testing::kPoison);
+  layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+  layer.synchronize();
+  const std::vector<uint16_t> eager = download<uint16_t>(d.output);
+  EXPECT_EQ(replayed, eager);
+  layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
+  layer.synchronize();
+  EXPECT_EQ(download<uint16_t>(d.output), eager) << "the same inputs gave other bits";
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
   MOEKIT_REQUIRE_GPU();
   // fused-slot: the routed combine writes the output (Plan::fusions.combine_to_output). One
@@ -299,41 +341,25 @@ TEST(CudaLayer, AForwardCapturedInACudaGraphReplaysBitForBit) {
       options.weights = form == BlockForm::fused_slot || T == 1 ? QuantParams(WeightFormat::bf16)
                                                                 : QuantParams::Fp8Block(128);
       options.max_tokens = 16;
-      const ModelSpec spec = small_dsv3();
-      const RandomWeights given = RandomWeights::make(spec, DType::bf16, 3);
-      MoeLayer layer(resolve(spec, options, Platform::probe()), given.view());
-      cudaStream_t stream = nullptr;
-      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-      DeviceRun d =
-          device_inputs(random_inputs(spec, T, DType::bf16, 7), T, spec.hidden, spec.routing.top_k);
-      cudaGraph_t graph = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-
-      const Inputs fresh = random_inputs(spec, T, DType::bf16, 8);
-      copy(d.hidden, fresh.hidden);
-      copy(d.logits, fresh.logits);
-      d.output.fill_bytes(cuda_testing::kPoison);
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      const std::vector<uint16_t> replayed = download<uint16_t>(d.output);
-
-      d.output.fill_bytes(cuda_testing::kPoison);
-      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-      layer.synchronize();
-      const std::vector<uint16_t> eager = download<uint16_t>(d.output);
-      EXPECT_EQ(replayed, eager);
-      layer.forward(d.hidden, d.logits, d.output, nullptr, stream);
-      layer.synchronize();
-      EXPECT_EQ(download<uint16_t>(d.output), eager) << "the same inputs gave other bits";
-
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
+      expect_replay_bit_for_bit(options, T);
     }
+  }
+}
+
+// The all-to-all over NCCL in its low-latency mode (max_tokens 16) enqueues its exchanges
+// without waiting: the whole layer is captured, over a world of this one process.
+TEST(CudaLayer, TheLowLatencyAllToAllOverNcclIsCapturedInACudaGraph) {
+  MOEKIT_REQUIRE_GPU();
+  if (!communicator_built(CommKind::nccl))
+    GTEST_SKIP() << communicator_absent_reason(CommKind::nccl);
+  for (BlockForm form : {BlockForm::standard, BlockForm::overlapped, BlockForm::fused_slot}) {
+    SCOPED_TRACE(block_form_name(form));
+    Options options = on_gpu();
+    options.a2a = A2AKind::nccl;
+    options.form = form;
+    options.max_tokens = 16;
+    ASSERT_EQ(resolve(small_dsv3(), options, Platform::probe()).a2a_mode, A2AMode::low_latency);
+    expect_replay_bit_for_bit(options, 16);
   }
 }
 

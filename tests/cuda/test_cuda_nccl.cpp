@@ -243,6 +243,21 @@ TEST(CudaResolve, TheNcclAllToAllSendsRowsBetweenGpusInNormalModeOrIsRefusedSayi
   expect_mentions(r.plan->explain(), {"a2a nccl", "NCCL_NVLS_ENABLE=0", "rank order"});
 }
 
+TEST(CudaResolve, TheNcclAllToAllOfDecodeBatchesIsTheLowLatencyModeWithoutAHostSync) {
+  if (!communicator_built(CommKind::nccl))
+    GTEST_SKIP() << communicator_absent_reason(CommKind::nccl);
+  Options options = nccl_all_to_all_on(1, 1);
+  options.max_tokens = 128;
+  const Resolution r = try_resolve(small_dsv3(), options, two_gpus_launched(1));
+  ASSERT_TRUE(r.plan.has_value()) << r.refusal;
+  EXPECT_EQ(r.plan->a2a_mode, A2AMode::low_latency);
+  expect_mentions(r.plan->explain(), {"no host synchronisation", "CUDA graph", "masked"});
+  options.a2a_mode = A2AMode::normal;
+  EXPECT_EQ(try_resolve(small_dsv3(), options, two_gpus_launched(1)).plan->a2a_mode,
+            A2AMode::normal)
+      << "asked";
+}
+
 struct RefusedAllToAll {
   const char* name;
   void (*change)(Options&);
@@ -251,9 +266,6 @@ struct RefusedAllToAll {
 
 TEST(CudaResolve, TheNcclAllToAllRefusesWhatItHasNotBuiltOrCannotSpan) {
   const RefusedAllToAll cases[] = {
-      {"low-latency mode",
-       [](Options& o) { o.a2a_mode = A2AMode::low_latency; },
-       {"low-latency", "not built", "--a2a-mode auto or normal"}},
       {"the e4m3 wire",
        [](Options& o) { o.a2a_wire = A2AWire::e4m3; },
        {"e4m3", "not built", "--a2a-wire auto or activations"}},

@@ -221,9 +221,27 @@ class NcclCommunicator final : public Communicator {
 
   void all_to_all(const ExecContext& ctx, const Exchange& x, const CommStep& step) override {
     exchange(ctx, x, step);
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_) sent_to_[p] += x.send_bytes[p];
+    count_sent(x);
+  }
+
+  bool enqueues() const override { return true; }
+
+  // NCCL's calls on a non-blocking communicator are through once its state leaves
+  // ncclInProgress: a wait on the host that takes no stream operation, so a capture goes on.
+  void enqueue_all_to_all(const ExecContext& ctx, const Exchange& x,
+                          const CommStep& step) override {
+    const std::string peers = post(ctx, x, step, /*capturable=*/true);
+    wait(step, std::nullopt, peers);
+    count_sent(x);
+  }
+
+  void wait(const ExecContext& ctx, const CommStep& step) override {
+    if (comm_ == nullptr) {
+      fail(Errc::comm, "rank {}: step '{}' cannot run: an earlier exchange failed", rank_,
+           step.name);
     }
+    const DeviceScope scope(device_);
+    wait(step, ctx.stream, size_ > 1 ? "the other ranks" : "");
   }
 
   void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
@@ -306,9 +324,25 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  void count_sent(const Exchange& x) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) sent_to_[p] += x.send_bytes[p];
+    }
+  }
+
   // all_to_all without counting its bytes as a dispatcher's.
   void exchange(const ExecContext& ctx, const Exchange& x, const CommStep& step) {
-    check_usable(ctx, step);
+    const std::string peers = post(ctx, x, step, /*capturable=*/false);
+    const DeviceScope scope(device_);
+    wait(step, ctx.stream, peers);
+    for (int p = 0; p < size_; ++p) x.received[p] = x.recv_capacity[p];
+  }
+
+  // The exchange's grouped sends and receives on ctx.stream; returns the peers it involves, for
+  // the errors of the wait that follows.
+  std::string post(const ExecContext& ctx, const Exchange& x, const CommStep& step,
+                   bool capturable) {
+    check_usable(ctx, step, capturable);
     for (int p = 0; p < size_; ++p) {
       if (x.send_bytes[p] < 0 || x.recv_capacity[p] < 0) {
         fail(Errc::internal, "rank {}: step '{}' exchanges a negative byte count with rank {}",
@@ -341,8 +375,7 @@ class NcclCommunicator final : public Communicator {
       }
     }
     call(lib_.group_end(), step, "ncclGroupEnd");
-    wait(step, ctx.stream, peers);
-    for (int p = 0; p < size_; ++p) x.received[p] = x.recv_capacity[p];
+    return peers;
   }
 
   ExecContext own_context() const {
@@ -429,11 +462,12 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  void check_usable(const ExecContext& ctx, const CommStep& step) const {
+  void check_usable(const ExecContext& ctx, const CommStep& step, bool capturable) const {
     if (comm_ == nullptr) {
       fail(Errc::comm, "rank {}: step '{}' cannot run: an earlier exchange failed", rank_,
            step.name);
     }
+    if (capturable) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(ctx.stream, &capture) == cudaSuccess &&
         capture != cudaStreamCaptureStatusNone) {

@@ -61,7 +61,7 @@ __global__ void plan_kernel(A2APlanArgs a) {
             a.own_slots[i * a.columns + k] = pair.slot;
             a.own_weights[i * a.columns + k] = pair.weight;
           } else {
-            a.send_pairs[(r * a.max_tokens + i) * a.columns + k] = pair;
+            a.send_pairs[r * a.pairs_stride + i * a.columns + k] = pair;
           }
         }
       }
@@ -70,7 +70,8 @@ __global__ void plan_kernel(A2APlanArgs a) {
     __syncthreads();  // the scan's storage is reused by the next chunk
   }
   if (threadIdx.x == 0) {
-    a.headers[r] = {found_bad ? kWireFailed : kWireOk, rows, a.dtype, found_bad ? bad_id : 0};
+    *header_at(a.headers, a.header_stride, r) = {found_bad ? kWireFailed : kWireOk, rows, a.dtype,
+                                                 found_bad ? bad_id : 0};
   }
 }
 
@@ -79,7 +80,7 @@ template <typename Unit>
 __global__ void pack_kernel(PackRowsArgs a) {
   cuda_launch::wait_for_inputs();
   const int r = static_cast<int>(blockIdx.y);
-  const int64_t rows = a.headers[r].rows;
+  const int64_t rows = header_at(a.headers, a.header_stride, r)->rows;
   const int64_t units = a.row_bytes / static_cast<int64_t>(sizeof(Unit));
   for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
     const int64_t t = a.token_of[r * a.max_tokens + i];
@@ -102,6 +103,46 @@ __global__ void unpack_kernel(UnpackPairsArgs a) {
     a.slots_out[first + e] = valid ? pair.slot : -1;
     a.weights_out[first + e] = pair.weight;
     if (!valid) atomicExch(a.bad_slot, 1);
+  }
+}
+
+__device__ void report(WireProblem* problem, int32_t kind, int32_t detail) {
+  if (atomicCAS(&problem->kind, 0, kind) == 0) problem->detail = detail;
+}
+
+__global__ void unpack_messages_kernel(UnpackMessagesArgs a) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
+  const int64_t per_source = a.max_tokens * a.columns, entries = a.size * per_source;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < entries;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int r = static_cast<int>(e / per_source);
+    const int64_t i = e % per_source / a.columns;
+    const std::byte* message = r == a.me ? a.own_message : a.messages + r * a.message_bytes;
+    const WireHeader h = *reinterpret_cast<const WireHeader*>(message);
+    int32_t problem = 0, detail = 0;
+    if (h.status == kWireFailed) {
+      problem = r == a.me ? kWireBadId : kWireRefused;
+      detail = h.bad_id;
+    } else if (h.status != kWireOk || h.rows < 0 || h.rows > a.max_tokens) {
+      problem = kWireMalformed;
+    } else if (h.dtype != a.dtype) {
+      problem = kWireDtype;
+      detail = h.dtype;
+    }
+    if (problem != 0 && e % per_source == 0) report(a.problems + r, problem, detail);
+    const int64_t rows = problem != 0 ? 0 : h.rows;
+    if (r == a.me && i < rows) continue;  // plan_all_to_all wrote this rank's own pairs
+    WirePair pair{-1, 0.0f};
+    if (i < rows) {
+      pair = reinterpret_cast<const WirePair*>(message + sizeof(WireHeader))[e % per_source];
+      if (pair.slot < -1 || pair.slot >= a.slots) {
+        report(a.problems + r, kWireSlot, pair.slot);
+        pair.slot = -1;
+      }
+    }
+    a.slots_out[e] = pair.slot;
+    a.weights_out[e] = pair.weight;
   }
 }
 
@@ -173,6 +214,16 @@ void unpack_pairs(const UnpackPairsArgs& args, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((entries + kThreads - 1) / kThreads, 65536);
   cuda_launch::launch(unpack_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, args);
   cuda_common::check_launch("unpack_pairs");
+}
+
+void unpack_messages(const UnpackMessagesArgs& args, cudaStream_t stream) {
+  const int64_t entries = args.size * args.max_tokens * args.columns;
+  if (entries == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((entries + kThreads - 1) / kThreads, 65536);
+  cuda_launch::launch(unpack_messages_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream,
+                      args);
+  cuda_common::check_launch("unpack_messages");
 }
 
 void sum_in_rank_order(const RankOrderSumArgs& args, cudaStream_t stream) {

@@ -21,6 +21,17 @@ struct WireHeader {
 inline constexpr int32_t kWireOk = 0;
 inline constexpr int32_t kWireFailed = 1;
 
+// Where destination r's header is: headers are `stride` bytes apart (16 in normal mode, where
+// they travel alone; a whole message in low-latency mode, where the pairs follow each).
+__host__ __device__ inline WireHeader* header_at(WireHeader* first, int64_t stride, int r) {
+  return reinterpret_cast<WireHeader*>(reinterpret_cast<std::byte*>(first) + r * stride);
+}
+__host__ __device__ inline const WireHeader* header_at(const WireHeader* first, int64_t stride,
+                                                       int r) {
+  return reinterpret_cast<const WireHeader*>(reinterpret_cast<const std::byte*>(first) +
+                                             r * stride);
+}
+
 // One column of a row on the wire: the expert's slot on the destination rank (-1: the column's
 // expert is held elsewhere), and the column's weight.
 struct WirePair {
@@ -31,9 +42,10 @@ struct WirePair {
 // Every token goes once to each rank that holds one of its columns' experts (its own rank for
 // the fused shared slots, ids from `physical` on). Rank r's rows, in token order, are
 // token_of[r][0, rows_r); index_of[r][t] is token t's row there or -1. Each row's `columns`
-// pairs go to send_pairs[r][i], or for this rank's own rows straight into the runner's arrays
-// (own_slots, own_weights: their first rows). headers[r] says how many rows r gets; an id
-// outside [0, n_global) fails every header. One block per destination rank.
+// pairs go to send_pairs + r * pairs_stride + i * columns, or for this rank's own rows straight
+// into the runner's arrays (own_slots, own_weights). header_at(headers, header_stride, r) says
+// how many rows r gets; an id outside [0, n_global) fails every header. One block per
+// destination rank.
 struct A2APlanArgs {
   const int32_t* global_ids = nullptr;  // [tokens, columns]
   const float* weights = nullptr;       // [tokens, columns]
@@ -47,17 +59,19 @@ struct A2APlanArgs {
   int n_global = 0;
   int64_t max_tokens = 0;  // the row stride of token_of, index_of and send_pairs
   int32_t dtype = 0;
-  int32_t* token_of = nullptr;     // [size][max_tokens]
-  int32_t* index_of = nullptr;     // [size][max_tokens]
-  WirePair* send_pairs = nullptr;  // [size][max_tokens][columns]
-  int32_t* own_slots = nullptr;    // [max_tokens][columns]
+  int32_t* token_of = nullptr;  // [size][max_tokens]
+  int32_t* index_of = nullptr;  // [size][max_tokens]
+  WirePair* send_pairs = nullptr;
+  int64_t pairs_stride = 0;      // WirePairs from one destination's pairs to the next's
+  int32_t* own_slots = nullptr;  // [max_tokens][columns]
   float* own_weights = nullptr;
-  WireHeader* headers = nullptr;  // [size]
+  WireHeader* headers = nullptr;
+  int64_t header_stride = sizeof(WireHeader);  // bytes
 };
 void plan_all_to_all(const A2APlanArgs& args, cudaStream_t stream);
 
 // Row i of destination r, token token_of[r][i]'s row of `hidden`, into own_rows[i] for this
-// rank and send_rows[r][i] for the others, for i < headers[r].rows (at most most_rows).
+// rank and send_rows[r][i] for the others, for i < its header's rows (at most most_rows).
 struct PackRowsArgs {
   const std::byte* hidden = nullptr;  // [tokens][row_bytes]
   int64_t row_bytes = 0;
@@ -65,7 +79,8 @@ struct PackRowsArgs {
   int64_t max_tokens = 0;
   int size = 1;
   int me = 0;
-  const WireHeader* headers = nullptr;  // [size]
+  const WireHeader* headers = nullptr;
+  int64_t header_stride = sizeof(WireHeader);  // bytes
   int64_t most_rows = 0;
   std::byte* send_rows = nullptr;  // [size][max_tokens][row_bytes]
   std::byte* own_rows = nullptr;   // [max_tokens][row_bytes]
@@ -86,6 +101,39 @@ struct UnpackPairsArgs {
   int32_t* bad_slot = nullptr;
 };
 void unpack_pairs(const UnpackPairsArgs& args, cudaStream_t stream);
+
+// What the low-latency mode's unpack found wrong in a source rank's message, reported on the
+// host once the stream has run (host-mapped memory, written by the device).
+struct WireProblem {
+  int32_t kind;    // one of the kWire* problems below, 0 for none
+  int32_t detail;  // kWireDtype: the sender's DType; kWireSlot: the slot
+};
+inline constexpr int32_t kWireRefused = 1;    // the sender's input failed (abandon)
+inline constexpr int32_t kWireMalformed = 2;  // a header of no status or row count known
+inline constexpr int32_t kWireDtype = 3;      // rows in another dtype than this rank's
+inline constexpr int32_t kWireSlot = 4;       // a slot that is not one of this rank's
+inline constexpr int32_t kWireBadId = 5;      // this rank's own: a routed id out of range
+
+// The low-latency mode's arrivals: source rank r's message (header, then max_tokens rows of
+// pairs; this rank's own is own_message, never exchanged) into rows [r * max_tokens,
+// (r + 1) * max_tokens) of the runner's arrays: its rows' pairs checked, every row past its
+// count masked (every slot -1), and a source whose header is not usable masked whole, with its
+// problem in problems[r]. This rank's own rows' pairs are there already (plan_all_to_all).
+struct UnpackMessagesArgs {
+  const std::byte* messages = nullptr;  // [size][message_bytes]
+  const std::byte* own_message = nullptr;
+  int64_t message_bytes = 0;
+  int64_t max_tokens = 0;
+  int columns = 0;
+  int slots = 0;
+  int size = 1;
+  int me = 0;
+  int32_t dtype = 0;
+  int32_t* slots_out = nullptr;  // [size * max_tokens][columns]
+  float* weights_out = nullptr;
+  WireProblem* problems = nullptr;  // [size], host-mapped
+};
+void unpack_messages(const UnpackMessagesArgs& args, cudaStream_t stream);
 
 // combined[t] = sum over ranks r in order 0, 1, ..., size-1 of the partial sum of token t's row
 // there (index_of[r][t] >= 0): own[i] for this rank, back[r][i] for the others; 0 where no rank

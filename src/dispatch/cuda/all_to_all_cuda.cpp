@@ -2,17 +2,24 @@
 // buffers, over a communicator of device buffers (NCCL), one GPU per rank. Each rank holds its
 // own tokens, sends each token's row once to every rank that holds one of its experts, with that
 // rank's (slot, weight) pairs, and gets back that rank's weighted partial sum, which a kernel adds
-// into the token's output in rank order. The layout the runner reads is the standard dispatch
-// format: this rank's own rows first (packed there, never exchanged), then each other rank's in
-// rank order. docs/EXPERT_PARALLEL.md has the protocol and its bytes.
+// into the token's output in rank order. The runner reads the standard dispatch format. The rows
+// travel as the hidden states came (the plan refuses the e4m3 wire on the GPU).
+// docs/EXPERT_PARALLEL.md has the protocol and its bytes.
 //
-// Normal mode only, rows as the hidden states came (the plan refuses low-latency mode and the
-// e4m3 wire on the GPU: nccl_all_to_all_decide):
-//   round 1: one 16-byte header per destination (status, rows, dtype), read on the host, which
-//            then knows every exact size NCCL's receives need;
-//   round 2: the rows, straight into the runner's input;
-//   round 3: the rows' (slot, weight) pairs, checked into the runner's arrays by a kernel;
-//   combine: the partial sums back by the reverse exchange, then the rank-order sum kernel.
+//   normal (prefill): round 1, one 16-byte header per destination (status, rows, dtype), read
+//     on the host, which then knows every exact size NCCL's receives need; round 2 the rows,
+//     straight into the runner's input (this rank's own first, packed there, then each other
+//     rank's in rank order); round 3 their (slot, weight) pairs, checked into the runner's arrays
+//     by a kernel; combine sends the partial sums back and a kernel adds them in rank order.
+//   low-latency (decode): no host synchronisation, so dispatch, experts and combine can be
+//     captured in one CUDA graph. Every source rank has a fixed slot of max_tokens rows at each
+//     destination; two exchanges enqueued without waiting carry each slot whole (NCCL's receives
+//     take exact sizes): a message (header, then the rows' pairs) and the rows, straight into the
+//     runner's input at the source's slot. A kernel unpacks the messages with the counts in their
+//     headers, masking the rows past each count (every slot -1: the runner skips them), so the
+//     runner sees size x max_tokens rows whatever arrived. Problems in what came (a rank that
+//     abandoned, another dtype, a bad slot) are found on the device and reported by
+//     synchronize(), which also bounds the wait for the exchanges by their deadline.
 
 #include <cuda_runtime_api.h>
 
@@ -33,6 +40,7 @@ using dispatch::cuda::kWireFailed;
 using dispatch::cuda::kWireOk;
 using dispatch::cuda::WireHeader;
 using dispatch::cuda::WirePair;
+using dispatch::cuda::WireProblem;
 
 constexpr int64_t kMaxElementBytes = 4;  // the activations' dtypes: f32 at most
 constexpr auto kHeaderBytes = static_cast<int64_t>(sizeof(WireHeader));
@@ -71,9 +79,12 @@ class CudaAllToAllDispatcher final : public Dispatcher {
         comm_(*problem.comm),
         size_(comm_.size()),
         me_(comm_.rank()),
+        low_latency_(problem.mode == A2AMode::low_latency),
         slots_(static_cast<int>(std::count_if(problem.global_to_local.begin(),
                                               problem.global_to_local.end(),
                                               [](int32_t s) { return s >= 0; }))),
+        message_bytes_(kHeaderBytes + problem.max_tokens * problem.columns *
+                                          static_cast<int64_t>(sizeof(WirePair))),
         arrays_(size_),
         sent_(static_cast<size_t>(size_)),
         got_(static_cast<size_t>(size_)),
@@ -81,14 +92,16 @@ class CudaAllToAllDispatcher final : public Dispatcher {
         table_(Tensor::empty(DType::i32, {static_cast<int64_t>(problem.global_to_local.size())},
                              problem.device)),
         headers_(2 * size_ * kHeaderBytes),
-        bad_slot_(sizeof(int32_t)) {
+        bad_slot_(sizeof(int32_t)),
+        problems_(size_ * static_cast<int64_t>(sizeof(WireProblem))) {
     if (comm_.buffers() != DeviceKind::cuda) {
       fail(Errc::internal, "the nccl all-to-all needs a communicator of device buffers, not {}",
            comm_.name());
     }
-    if (p_.mode != A2AMode::normal || p_.wire != A2AWire::activations) {
-      fail(Errc::internal, "the nccl all-to-all was planned for mode {} and wire {}: not built",
-           a2a_mode_name(p_.mode), a2a_wire_name(p_.wire));
+    if (p_.wire != A2AWire::activations || (low_latency_ && !comm_.enqueues())) {
+      fail(Errc::internal,
+           "the nccl all-to-all was planned for mode {} and wire {} over {}: not built",
+           a2a_mode_name(p_.mode), a2a_wire_name(p_.wire), comm_.name());
     }
     if (p_.max_tokens * size_ > p_.max_received_tokens) {
       fail(Errc::internal, "all-to-all planned for {} received tokens, fewer than {} ranks x {}",
@@ -99,6 +112,11 @@ class CudaAllToAllDispatcher final : public Dispatcher {
     check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_slot_device_),
                                         bad_slot_.as<int32_t>(), 0),
                "cudaHostGetDevicePointer");
+    check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&problems_device_),
+                                        problems_.as<WireProblem>(), 0),
+               "cudaHostGetDevicePointer");
+    std::fill_n(problems_.as<WireProblem>(), size_, WireProblem{0, 0});
+    row_bytes_ = dtype_storage_bytes(dtype_, p_.hidden);
   }
 
   bool collective() const override { return true; }
@@ -113,32 +131,165 @@ class CudaAllToAllDispatcher final : public Dispatcher {
                           const int32_t* global_ids, const float* weights, float*,
                           void* scratch) override {
     const Arrays a = carve_at(scratch);
-    const int64_t T = hidden.dim(0), H = p_.hidden;
+    const int64_t T = hidden.dim(0);
     if (T > p_.max_tokens) {
       fail(Errc::internal, "dispatch of {} tokens exceeds the {} planned", T, p_.max_tokens);
     }
     tokens_ = T;
     dtype_ = hidden.dtype;
-    row_bytes_ = dtype_storage_bytes(dtype_, H);
-    dispatch::cuda::plan_all_to_all({.global_ids = global_ids,
-                                     .weights = weights,
-                                     .tokens = T,
-                                     .columns = p_.columns,
-                                     .size = size_,
-                                     .me = me_,
-                                     .physical = p_.physical,
-                                     .per_rank = p_.per_rank,
-                                     .global_to_local = table_.data<int32_t>(),
-                                     .n_global = static_cast<int>(p_.global_to_local.size()),
-                                     .max_tokens = p_.max_tokens,
-                                     .dtype = static_cast<int32_t>(dtype_),
-                                     .token_of = a.token_of,
-                                     .index_of = a.index_of,
-                                     .send_pairs = a.send_pairs,
-                                     .own_slots = a.in_slots,
-                                     .own_weights = a.in_weights,
-                                     .headers = a.headers},
-                                    ctx.stream);
+    row_bytes_ = dtype_storage_bytes(dtype_, p_.hidden);
+    // Low-latency: this rank's own rows sit in its slot, and the headers lead the messages.
+    const int64_t own_row = low_latency_ ? me_ * p_.max_tokens : 0;
+    dispatch::cuda::plan_all_to_all(
+        {.global_ids = global_ids,
+         .weights = weights,
+         .tokens = T,
+         .columns = p_.columns,
+         .size = size_,
+         .me = me_,
+         .physical = p_.physical,
+         .per_rank = p_.per_rank,
+         .global_to_local = table_.data<int32_t>(),
+         .n_global = static_cast<int>(p_.global_to_local.size()),
+         .max_tokens = p_.max_tokens,
+         .dtype = static_cast<int32_t>(dtype_),
+         .token_of = a.token_of,
+         .index_of = a.index_of,
+         .send_pairs = low_latency_ ? pairs_of(a.messages_out) : a.send_pairs,
+         .pairs_stride = low_latency_ ? message_bytes_ / static_cast<int64_t>(sizeof(WirePair))
+                                      : p_.max_tokens * p_.columns,
+         .own_slots = a.in_slots + own_row * p_.columns,
+         .own_weights = a.in_weights + own_row * p_.columns,
+         .headers = headers_of(a),
+         .header_stride = header_stride()},
+        ctx.stream);
+    return low_latency_ ? dispatch_low_latency(ctx, hidden, a) : dispatch_normal(ctx, hidden, a);
+  }
+
+  void combine(const ExecContext& ctx, const DispatchOutput&, float* combined,
+               void* scratch) override {
+    const Arrays a = carve_at(scratch);
+    const int64_t row = p_.hidden * static_cast<int64_t>(sizeof(float));
+    if (low_latency_) {
+      exchange_slots(ctx, reinterpret_cast<std::byte*>(a.sums),
+                     reinterpret_cast<std::byte*>(a.back), row, kCombineStep);
+    } else {
+      for (int r = 0; r < size_; ++r) {
+        const bool other = r != me_;
+        arrays_.send_offsets[r] = got_offset_[r] * row;
+        arrays_.send_bytes[r] = other ? got_[r] * row : 0;
+        arrays_.recv_offsets[r] = r * p_.max_tokens * row;
+        arrays_.recv_capacity[r] = other ? sent_[r] * row : 0;
+      }
+      comm_.all_to_all(ctx, arrays_.view(a.sums, a.back), step(kCombineStep));
+      // The exchange has waited for the stream, the unpack kernel's flag with it.
+      if (*bad_slot_.as<int32_t>() != 0) {
+        fail(Errc::comm, "rank {}: a rank sent an expert slot that is not one of this rank's {}",
+             me_, slots_);
+      }
+    }
+    const int64_t own_row = low_latency_ ? me_ * p_.max_tokens : 0;
+    dispatch::cuda::sum_in_rank_order({.own = a.sums + own_row * p_.hidden,
+                                       .back = a.back,
+                                       .index_of = a.index_of,
+                                       .tokens = tokens_,
+                                       .hidden = p_.hidden,
+                                       .max_tokens = p_.max_tokens,
+                                       .size = size_,
+                                       .me = me_,
+                                       .combined = combined},
+                                      ctx.stream);
+  }
+
+  // Failed headers go where the others wait for this rank's: round 1 in normal mode; in
+  // low-latency mode every exchange of a forward, whole (the rows' slots sized by the dtype of
+  // this rank's last batch, bf16 before any), then waited for.
+  void abandon(const ExecContext& ctx, void* scratch) override {
+    const Arrays a = carve_at(scratch);
+    auto* failed = headers_.as<WireHeader>();
+    std::fill_n(failed, size_, WireHeader{kWireFailed, 0, 0, 0});
+    check_cuda(cudaMemcpy2DAsync(headers_of(a), static_cast<size_t>(header_stride()), failed,
+                                 sizeof(WireHeader), sizeof(WireHeader), static_cast<size_t>(size_),
+                                 cudaMemcpyHostToDevice, ctx.stream),
+               "copying the failed headers");
+    if (!low_latency_) {
+      exchange_headers(ctx, a);
+      return;
+    }
+    enqueue_low_latency(ctx, a);
+    exchange_slots(ctx, reinterpret_cast<std::byte*>(a.sums), reinterpret_cast<std::byte*>(a.back),
+                   p_.hidden * static_cast<int64_t>(sizeof(float)), kCombineStep);
+    comm_.wait(ctx, step(kLowLatencyStep));
+  }
+
+  void synchronize(const ExecContext& ctx, void*) override {
+    if (!low_latency_) return;
+    comm_.wait(ctx, step(kLowLatencyStep));
+    WireProblem* problems = problems_.as<WireProblem>();
+    std::string found;
+    for (int r = 0; r < size_; ++r) {
+      if (problems[r].kind != 0) found += (found.empty() ? "" : "; ") + describe(r, problems[r]);
+    }
+    std::fill_n(problems, size_, WireProblem{0, 0});
+    if (!found.empty()) {
+      fail(Errc::comm,
+           "rank {}: step '{}': {}; the rows of those ranks were left out of this batch", me_,
+           kLowLatencyStep, found);
+    }
+  }
+
+ private:
+  struct Arrays {
+    WireHeader* headers;      // normal: [2][size], to each rank, then from each rank
+    std::byte* messages_out;  // low-latency: [size][message_bytes_], to each rank
+    std::byte* messages_in;   // low-latency: the same, from each rank
+    int32_t* token_of;        // [size][max_tokens]: the token of each row sent to a rank
+    int32_t* index_of;        // [size][max_tokens]: each token's row at a rank, or -1
+    WirePair* send_pairs;     // normal: [size][max_tokens][columns]
+    WirePair* recv_pairs;     // normal: [size * max_tokens][columns], by row of the input
+    std::byte* send_rows;     // [size][max_tokens][H]: rows to each other rank
+    std::byte* input;         // [size * max_tokens][H]: the rows the runner reads
+    int32_t* in_slots;        // [size * max_tokens][columns]
+    float* in_weights;
+    float* sums;  // [size * max_tokens][H]: the runner's weighted sums
+    float* back;  // [size][max_tokens][H]: this rank's partial sums, from each rank
+  };
+
+  Arrays carve(ScratchCarver& c) const {
+    const int64_t rows = size_ * p_.max_tokens, H = p_.hidden;
+    const int64_t messages = low_latency_ ? size_ * message_bytes_ : 0;
+    const int64_t normal_pairs = low_latency_ ? 0 : rows * p_.columns;
+    return {c.take<WireHeader>(low_latency_ ? 0 : 2 * size_),
+            c.take<std::byte>(messages),
+            c.take<std::byte>(messages),
+            c.take<int32_t>(rows),
+            c.take<int32_t>(rows),
+            c.take<WirePair>(normal_pairs),
+            c.take<WirePair>(normal_pairs),
+            c.take<std::byte>(rows * H * kMaxElementBytes),
+            c.take<std::byte>(rows * H * kMaxElementBytes),
+            c.take<int32_t>(rows * p_.columns),
+            c.take<float>(rows * p_.columns),
+            c.take<float>(rows * H),
+            c.take<float>(rows * H)};
+  }
+  Arrays carve_at(void* scratch) const {
+    ScratchCarver carver(scratch);
+    return carve(carver);
+  }
+
+  static WirePair* pairs_of(std::byte* messages) {
+    return reinterpret_cast<WirePair*>(messages + kHeaderBytes);
+  }
+  WireHeader* headers_of(const Arrays& a) const {
+    return low_latency_ ? reinterpret_cast<WireHeader*>(a.messages_out) : a.headers;
+  }
+  int64_t header_stride() const { return low_latency_ ? message_bytes_ : kHeaderBytes; }
+
+  CommStep step(std::string_view name) const { return {name, p_.timeout_ms}; }
+
+  DispatchOutput dispatch_normal(const ExecContext& ctx, const TensorView& hidden,
+                                 const Arrays& a) {
     exchange_headers(ctx, a);
     read_headers();
     const int64_t received = std::accumulate(got_.begin(), got_.end(), int64_t{0});
@@ -149,6 +300,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
                                .size = size_,
                                .me = me_,
                                .headers = a.headers,
+                               .header_stride = kHeaderBytes,
                                .most_rows = *std::max_element(sent_.begin(), sent_.end()),
                                .send_rows = a.send_rows,
                                .own_rows = a.input},
@@ -169,7 +321,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
                                   .weights_out = a.in_weights,
                                   .bad_slot = bad_slot_device_},
                                  ctx.stream);
-    return {TensorView::contiguous(a.input, dtype_, {received, H}, p_.device),
+    return {TensorView::contiguous(a.input, dtype_, {received, p_.hidden}, p_.device),
             a.in_slots,
             a.in_weights,
             received,
@@ -177,80 +329,90 @@ class CudaAllToAllDispatcher final : public Dispatcher {
             a.sums};
   }
 
-  void combine(const ExecContext& ctx, const DispatchOutput&, float* combined,
-               void* scratch) override {
-    const Arrays a = carve_at(scratch);
-    const int64_t row = p_.hidden * static_cast<int64_t>(sizeof(float));
+  DispatchOutput dispatch_low_latency(const ExecContext& ctx, const TensorView& hidden,
+                                      const Arrays& a) {
+    dispatch::cuda::pack_rows({.hidden = static_cast<const std::byte*>(hidden.data),
+                               .row_bytes = row_bytes_,
+                               .token_of = a.token_of,
+                               .max_tokens = p_.max_tokens,
+                               .size = size_,
+                               .me = me_,
+                               .headers = headers_of(a),
+                               .header_stride = message_bytes_,
+                               .most_rows = p_.max_tokens,
+                               .send_rows = a.send_rows,
+                               .own_rows = a.input + me_ * p_.max_tokens * row_bytes_},
+                              ctx.stream);
+    enqueue_low_latency(ctx, a);
+    dispatch::cuda::unpack_messages({.messages = a.messages_in,
+                                     .own_message = a.messages_out + me_ * message_bytes_,
+                                     .message_bytes = message_bytes_,
+                                     .max_tokens = p_.max_tokens,
+                                     .columns = p_.columns,
+                                     .slots = slots_,
+                                     .size = size_,
+                                     .me = me_,
+                                     .dtype = static_cast<int32_t>(dtype_),
+                                     .slots_out = a.in_slots,
+                                     .weights_out = a.in_weights,
+                                     .problems = problems_device_},
+                                    ctx.stream);
+    const int64_t rows = size_ * p_.max_tokens;
+    return {TensorView::contiguous(a.input, dtype_, {rows, p_.hidden}, p_.device),
+            a.in_slots,
+            a.in_weights,
+            rows,
+            p_.columns,
+            a.sums};
+  }
+
+  // The low-latency dispatch's two exchanges, enqueued: the messages, then the rows straight into
+  // the source's slot of the runner's input.
+  void enqueue_low_latency(const ExecContext& ctx, const Arrays& a) {
     for (int r = 0; r < size_; ++r) {
-      const bool other = r != me_;
-      arrays_.send_offsets[r] = got_offset_[r] * row;
-      arrays_.send_bytes[r] = other ? got_[r] * row : 0;
-      arrays_.recv_offsets[r] = r * p_.max_tokens * row;
-      arrays_.recv_capacity[r] = other ? sent_[r] * row : 0;
+      const int64_t bytes = r != me_ ? message_bytes_ : 0;
+      arrays_.send_offsets[r] = r * message_bytes_;
+      arrays_.send_bytes[r] = bytes;
+      arrays_.recv_offsets[r] = r * message_bytes_;
+      arrays_.recv_capacity[r] = bytes;
     }
-    comm_.all_to_all(ctx, arrays_.view(a.sums, a.back), step("combine: partial sums"));
-    // The exchange has waited for the stream, the unpack kernel's flag with it.
-    if (*bad_slot_.as<int32_t>() != 0) {
-      fail(Errc::comm, "rank {}: a rank sent an expert slot that is not one of this rank's {}", me_,
-           slots_);
+    comm_.enqueue_all_to_all(ctx, arrays_.view(a.messages_out, a.messages_in),
+                             step("dispatch: headers and expert slots (low-latency)"));
+    exchange_slots(ctx, a.send_rows, a.input, row_bytes_, "dispatch: rows (low-latency)");
+  }
+
+  // A whole slot of max_tokens rows of `unit` bytes to and from every other rank, enqueued: from
+  // send[r] to recv[me] there, the same layout on both sides.
+  void exchange_slots(const ExecContext& ctx, const std::byte* send, std::byte* recv, int64_t unit,
+                      std::string_view name) {
+    for (int r = 0; r < size_; ++r) {
+      const int64_t bytes = r != me_ ? p_.max_tokens * unit : 0;
+      arrays_.send_offsets[r] = r * p_.max_tokens * unit;
+      arrays_.send_bytes[r] = bytes;
+      arrays_.recv_offsets[r] = r * p_.max_tokens * unit;
+      arrays_.recv_capacity[r] = bytes;
     }
-    dispatch::cuda::sum_in_rank_order({.own = a.sums,
-                                       .back = a.back,
-                                       .index_of = a.index_of,
-                                       .tokens = tokens_,
-                                       .hidden = p_.hidden,
-                                       .max_tokens = p_.max_tokens,
-                                       .size = size_,
-                                       .me = me_,
-                                       .combined = combined},
-                                      ctx.stream);
+    comm_.enqueue_all_to_all(ctx, arrays_.view(send, recv), step(name));
   }
 
-  void abandon(const ExecContext& ctx, void* scratch) override {
-    const Arrays a = carve_at(scratch);
-    auto* out = headers_.as<WireHeader>();
-    std::fill_n(out, size_, WireHeader{kWireFailed, 0, 0, 0});
-    check_cuda(cudaMemcpyAsync(a.headers, out, static_cast<size_t>(size_ * kHeaderBytes),
-                               cudaMemcpyHostToDevice, ctx.stream),
-               "copying the failed headers");
-    exchange_headers(ctx, a);
+  std::string describe(int r, const WireProblem& problem) const {
+    switch (problem.kind) {
+      case dispatch::cuda::kWireRefused:
+        return fmt::format("rank {} refused its input (see its message)", r);
+      case dispatch::cuda::kWireDtype:
+        return fmt::format(
+            "rank {} sent {} rows, this rank {}: every rank must pass the same dtype", r,
+            dtype_name(static_cast<DType>(problem.detail)), dtype_name(dtype_));
+      case dispatch::cuda::kWireBadId:
+        return fmt::format("routed expert id {} is out of range [0, {})", problem.detail,
+                           p_.global_to_local.size());
+      case dispatch::cuda::kWireSlot:
+        return fmt::format("rank {} sent expert slot {}, not one of this rank's {}", r,
+                           problem.detail, slots_);
+      default:
+        return fmt::format("rank {} sent a malformed header", r);
+    }
   }
-
- private:
-  struct Arrays {
-    WireHeader* headers;   // [2][size]: to each rank, then from each rank
-    int32_t* token_of;     // [size][max_tokens]: the token of each row sent to a rank
-    int32_t* index_of;     // [size][max_tokens]: each token's row at a rank, or -1
-    WirePair* send_pairs;  // [size][max_tokens][columns]
-    WirePair* recv_pairs;  // [size * max_tokens][columns]: by row of the runner's input
-    std::byte* send_rows;  // [size][max_tokens][H]: rows to each other rank
-    std::byte* input;      // [size * max_tokens][H]: the rows the runner reads
-    int32_t* in_slots;     // [size * max_tokens][columns]
-    float* in_weights;
-    float* sums;  // [size * max_tokens][H]: the runner's weighted sums
-    float* back;  // [size][max_tokens][H]: this rank's partial sums, from each rank
-  };
-
-  Arrays carve(ScratchCarver& c) const {
-    const int64_t rows = size_ * p_.max_tokens, H = p_.hidden;
-    return {c.take<WireHeader>(2 * size_),
-            c.take<int32_t>(rows),
-            c.take<int32_t>(rows),
-            c.take<WirePair>(rows * p_.columns),
-            c.take<WirePair>(rows * p_.columns),
-            c.take<std::byte>(rows * H * kMaxElementBytes),
-            c.take<std::byte>(rows * H * kMaxElementBytes),
-            c.take<int32_t>(rows * p_.columns),
-            c.take<float>(rows * p_.columns),
-            c.take<float>(rows * H),
-            c.take<float>(rows * H)};
-  }
-  Arrays carve_at(void* scratch) const {
-    ScratchCarver carver(scratch);
-    return carve(carver);
-  }
-
-  CommStep step(std::string_view name) const { return {name, p_.timeout_ms}; }
 
   // Round 1, and its copy to the host (the exchange has waited for the stream already).
   void exchange_headers(const ExecContext& ctx, const Arrays& a) {
@@ -329,22 +491,28 @@ class CudaAllToAllDispatcher final : public Dispatcher {
   }
 
   static constexpr std::string_view kCountStep = "dispatch: row counts";
+  static constexpr std::string_view kCombineStep = "combine: partial sums";
+  static constexpr std::string_view kLowLatencyStep = "low-latency dispatch and combine";
 
   DispatcherProblem p_;
   Communicator& comm_;
   int size_;
   int me_;
-  int slots_;  // this rank's local slots
+  bool low_latency_;
+  int slots_;              // this rank's local slots
+  int64_t message_bytes_;  // low-latency: a header and max_tokens rows of pairs
   ExchangeArrays arrays_;
-  std::vector<int64_t> sent_;        // rows sent to each rank this call
-  std::vector<int64_t> got_;         // rows received from each rank
-  std::vector<int64_t> got_offset_;  // where those rows start in the runner's input
+  std::vector<int64_t> sent_;        // normal: rows sent to each rank this call
+  std::vector<int64_t> got_;         // normal: rows received from each rank
+  std::vector<int64_t> got_offset_;  // normal: where those rows start in the runner's input
   Tensor table_;                     // global_to_local on the device
   PinnedHost headers_;               // [2][size] WireHeader: sent, received
-  PinnedHost bad_slot_;
+  PinnedHost bad_slot_;              // normal: the unpack kernel's flag
+  PinnedHost problems_;              // low-latency: [size] WireProblem, by source rank
   int32_t* bad_slot_device_ = nullptr;
+  WireProblem* problems_device_ = nullptr;
   int64_t tokens_ = 0;
-  DType dtype_ = DType::f32;
+  DType dtype_ = DType::bf16;
   int64_t row_bytes_ = 0;
 };
 
@@ -377,30 +545,34 @@ std::unique_ptr<Dispatcher> make_nccl_all_to_all_dispatcher(const DispatcherProb
 
 void nccl_all_to_all_decide(Plan& plan) {
   const Options& o = plan.options;
-  if (o.a2a_mode == A2AMode::low_latency) {
-    fail(Errc::config_refused,
-         "refused: a2a nccl with a2a mode low-latency: the GPU's low-latency mode (fixed slots "
-         "per source rank, no host synchronisation, capturable in a CUDA graph) is not built; "
-         "legal here: --a2a-mode auto or normal");
-  }
   if (o.a2a_wire == A2AWire::e4m3) {
     fail(Errc::config_refused,
          "refused: a2a nccl with a2a wire e4m3: quantising the rows to e4m3 on the GPU before "
          "sending is not built; legal here: --a2a-wire auto or activations");
   }
-  plan.a2a_mode = A2AMode::normal;
+  const A2AModeChoice choice = choose_a2a_mode(o);
+  plan.a2a_mode = choice.mode;
   plan.a2a_wire = A2AWire::activations;
   const int64_t H = plan.spec.hidden;
   const int columns = plan.spec.routing.top_k + plan.shared_slots;
   const auto pairs = static_cast<int64_t>(columns * sizeof(WirePair));
+  const bool low_latency = choice.mode == A2AMode::low_latency;
   plan.decisions.push_back(
       {PlanLayer::dispatcher,
        "mode",
-       "normal",
-       std::string(o.a2a_mode == A2AMode::normal ? "asked" : "auto") +
-           ": the only mode built on the GPU: a round of 16-byte headers read on the host, then "
-           "rows and pairs of exact sizes",
-       {{"low-latency", "not built on the GPU"}},
+       std::string(a2a_mode_name(choice.mode)),
+       low_latency
+           ? choice.reason +
+                 fmt::format("; on the GPU: each source rank's fixed slot of {} rows sent whole "
+                             "(NCCL's receives take exact sizes), no host synchronisation, so "
+                             "the layer can be captured in a CUDA graph; the runner sees {} x {} "
+                             "rows, those past each count masked",
+                             o.max_tokens, o.ep.size, o.max_tokens)
+           : choice.reason + "; on the GPU: 16-byte headers read on the host, then rows and "
+                             "pairs of exact sizes",
+       {{low_latency ? "normal" : "low-latency",
+         low_latency ? "a host synchronisation in every forward, and no CUDA graph"
+                     : "fixed slots of max_tokens rows per source rank, sent whole"}},
        std::nullopt});
   plan.decisions.push_back(
       {PlanLayer::dispatcher,
@@ -408,9 +580,13 @@ void nccl_all_to_all_decide(Plan& plan) {
        "rows in the hidden states' dtype; partial sums in f32",
        fmt::format("{}: per token and destination GPU: {} bytes out as bf16 ({} as f32) with the "
                    "token's {} (slot, weight) pairs; {} back (f32 partial sums); a token goes to "
-                   "at most min(ranks, {}) GPUs, once each",
+                   "at most min(ranks, {}) GPUs, once each{}",
                    o.a2a_wire == A2AWire::activations ? "asked" : "auto", H * 2 + pairs,
-                   H * 4 + pairs, columns, H * 4, columns),
+                   H * 4 + pairs, columns, H * 4, columns,
+                   low_latency ? fmt::format("; low-latency sends {} such rows to every other GPU, "
+                                             "used or not",
+                                             o.max_tokens)
+                               : std::string()),
        {{"e4m3 rows with the activation scales", "not built on the GPU"}},
        std::nullopt});
 }
