@@ -64,6 +64,26 @@ if [ -n "${MOEKIT_DEBS:-}" ]; then
   export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
+# Starts $1 processes of the rest of the command line, one per GPU, as the ranks of one world
+# that share NCCL's id through a fresh file. Every rank's output goes to $build/ranks/rankR.log,
+# rank 0's also to ranks.log in $out; fails if any rank fails or outlasts its limit.
+run_ranks() {
+  local n=$1 rc=0 pids=() r
+  shift
+  rm -rf "$build/ranks" && mkdir -p "$build/ranks"
+  for ((r = 0; r < n; r++)); do
+    MOEKIT_NCCL_ID_FILE="$build/ranks/nccl-id" MOEKIT_WORLD_SIZE=$n MOEKIT_WORLD_RANK=$r \
+      MOEKIT_WORLD_LOCAL_RANK=$r timeout 300 "$@" >"$build/ranks/rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
+  { echo "== $n ranks: $*"; cat "$build/ranks/rank0.log"; } >>"$out/ranks.log"
+  for ((r = 1; r < n; r++)); do
+    grep -E 'FAILED|Failure|error' "$build/ranks/rank$r.log" | sed "s/^/rank $r: /" >>"$out/ranks.log"
+  done
+  return $rc
+}
+
 run_tests=${MOEKIT_GPU_TESTS:-1}
 build_target=moekit_tests
 [ "$run_tests" = 0 ] && build_target=moekit
@@ -112,7 +132,8 @@ fi
 
 if [ "$run_tests" != 0 ]; then
   echo "== GPU tests"
-  filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*}
+  # CudaRanks runs below, as several processes: alone it skips.
+  filter=${MOEKIT_GPU_FILTER:-Cuda*:*/Cuda*:-*CudaRanks*}
   # A kernel that never finishes fails the run instead of holding the machine.
   timeout "${MOEKIT_GPU_TEST_SECONDS:-600}" "$tests" --gtest_filter="$filter" \
     --gtest_output="json:$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1
@@ -184,6 +205,35 @@ PY
       fi
     done
   fi
+
+  # Expert parallelism across GPUs (tests/cuda/test_cuda_ranks.cpp, suite CudaRanks): one process
+  # per GPU, on 2, 4 and 8 of them where the machine has them, then moekit bench --a2a nccl on
+  # the same ranks (DeepSeek-V3's layer: 128 and 4096 tokens per rank). A machine of one GPU says
+  # so in the table.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$gpus" -lt 2 ]; then
+    row ranks "not run" "$gpus GPU here: CudaRanks and bench --a2a nccl need 2 or more"
+  fi
+  : >"$out/ranks.log"
+  for n in 2 4 8; do
+    [ "$n" -le "$gpus" ] || continue
+    echo "== CudaRanks on $n GPUs"
+    if run_ranks "$n" "$tests" --gtest_filter='*CudaRanks*' &&
+      ! grep -q -E '^\[  SKIPPED \] [^ ]+$' "$build"/ranks/rank*.log; then
+      row "ranks $n" ok "$(grep -h -E '^\[  PASSED  \]' "$build/ranks/rank0.log")"
+    else
+      row "ranks $n" FAILED "a rank failed or skipped (ranks.log)"
+      status=1
+    fi
+    echo "== moekit bench --a2a nccl on $n GPUs"
+    if run_ranks "$n" "$build/tools/moekit" bench --a2a nccl --experts 256 --top-k 8 \
+      --hidden 7168 --intermediate 2048 --tokens 128,4096 --repeats 20; then
+      row "a2a bench $n" ok "ranks.log"
+    else
+      row "a2a bench $n" FAILED "ranks.log"
+      status=1
+    fi
+  done
 else
   row "gpu tests" skipped "MOEKIT_GPU_TESTS=0 (a benchmark-only call)"
 fi
