@@ -200,20 +200,23 @@ std::string run_a2a_bench(const ModelSpec& spec, const Options& options, const P
         "mode; median of {} after a barrier each\n",
         comm.size(), T, spec.hidden, spec.routing.top_k, spec.n_experts,
         plan.a2a_wire == A2AWire::e4m3 ? "e4m3" : "bf16", a2a_mode_name(plan.a2a_mode), repeats);
-    text += fmt::format("{:>4} {:>9} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>12} {:>9}\n",
+    text += fmt::format("{:>4} {:>9} {:>12} {:>12} {:>12} {:>12} {:>9} {:>12} {:>12} {:>9} {:>9}\n",
                         "rank", "rows in", "dispatch ms", "out KiB", "bare ms", "combine ms",
-                        "back KiB", "bare ms", "d+c / bare", "");
+                        "back KiB", "bare ms", "d+c / bare", "GB/s", "bare GB/s");
     double rows_sum = 0.0, rows_max = 0.0;
     for (int p = 0; p < comm.size(); ++p) {
       const RankResult& r = all[static_cast<size_t>(p)];
-      const double ratio =
-          (r.dispatch_s + r.combine_s) / std::max(1e-9, r.bare_dispatch_s + r.bare_combine_s);
+      const double seconds = r.dispatch_s + r.combine_s;
+      const double bare = std::max(1e-9, r.bare_dispatch_s + r.bare_combine_s);
+      // What this rank sent to the others, both ways, per second of dispatch plus combine.
+      const auto bytes = static_cast<double>(r.dispatch_bytes + r.combine_bytes);
       text += fmt::format(
           "{:>4} {:>9} {:>12.3f} {:>12.1f} {:>12.3f} {:>12.3f} {:>9.1f} {:>12.3f} "
-          "{:>12.2f}\n",
+          "{:>12.2f} {:>9.1f} {:>9.1f}\n",
           p, r.rows_received, r.dispatch_s * 1e3, static_cast<double>(r.dispatch_bytes) / 1024.0,
           r.bare_dispatch_s * 1e3, r.combine_s * 1e3, static_cast<double>(r.combine_bytes) / 1024.0,
-          r.bare_combine_s * 1e3, ratio);
+          r.bare_combine_s * 1e3, seconds / bare, bytes / std::max(1e-9, seconds) / 1e9,
+          bytes / bare / 1e9);
       rows_sum += static_cast<double>(r.rows_received);
       rows_max = std::max(rows_max, static_cast<double>(r.rows_received));
     }
