@@ -226,7 +226,9 @@ int run_bench(const BenchFlags& f) {
     std::printf("%s", list_cases().c_str());
     return 0;
   }
-  if (f.plan.a2a == "mpi" || f.plan.a2a == "nccl") return run_a2a_bench(f);
+  // With a case, the layers' table: --a2a nccl on one GPU then times the whole layer through
+  // the all-to-all (a world of this one process), beside the same case without it.
+  if ((f.plan.a2a == "mpi" || f.plan.a2a == "nccl") && !f.case_name) return run_a2a_bench(f);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<bench::BenchCase> cases = chosen_cases(f);
   bench::BenchSettings settings = f.settings;
@@ -316,7 +318,8 @@ Command add_bench_command(CLI::App& app) {
   bench
       ->add_option("--a2a", f->plan.a2a,
                    "none (the layers), or mpi / nccl: the dispatcher's exchanges on every rank "
-                   "of mpirun against a bare MPI_Alltoallv / ncclSend+ncclRecv of the same bytes")
+                   "of mpirun against a bare MPI_Alltoallv / ncclSend+ncclRecv of the same bytes; "
+                   "with --case, the layers' table through that dispatcher")
       ->capture_default_str();
   bench->add_option("--a2a-mode", f->plan.a2a_mode, "a2a mpi: auto, normal, low-latency")
       ->capture_default_str();

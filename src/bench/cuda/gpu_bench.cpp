@@ -359,7 +359,10 @@ GpuCaseResult time_tokens(const TimedCase& c, MoeLayer& layer, CheckedExperts& c
   forward();  // loads the kernels before any capture
   layer.synchronize();
   GraphExec graph;
-  const bool graphed = T <= kGraphMaxTokens;
+  // An exchange that waits on the host (NCCL's normal mode, the reduce form) is not capturable.
+  const bool waits = c.plan.comm != CommKind::none && !(c.plan.options.a2a == A2AKind::nccl &&
+                                                        c.plan.a2a_mode == A2AMode::low_latency);
+  const bool graphed = T <= kGraphMaxTokens && !waits;
   if (graphed) graph.capture(s, forward);
 
   const std::string label = fmt::format("{} {} T={} {}", c.bench_case.name, c.plan.quant.name(), T,
