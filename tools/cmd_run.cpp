@@ -1,6 +1,6 @@
 // moekit run: one MoE layer of a Hugging Face checkpoint over hidden states from a safetensors
-// file, its output, top-k ids and weights written to another. Under mpirun with --a2a mpi each
-// rank takes its slice of the tokens and rank 0 gathers the results into the one output file;
+// file, its output, top-k ids and weights written to another. Under mpirun with --a2a mpi (or nccl)
+// each rank takes its slice of the tokens and rank 0 gathers the results into the one output file;
 // in the reduce form (--a2a none with --ep-size/--tp-size) every rank computes the whole output
 // and rank 0 writes it (docs/EXPERT_PARALLEL.md).
 
@@ -64,7 +64,8 @@ void forward_on_device(MoeLayer& layer, const TensorView& hidden, const TensorVi
   copy(weights.view(), weights_d.view());
 }
 
-// The tokens of each rank under --a2a mpi: contiguous slices, the first T % ranks one longer.
+// The tokens of each rank under --a2a mpi or nccl: contiguous slices, the first T % ranks one
+// longer.
 struct Slice {
   int64_t first = 0;
   int64_t count = 0;
@@ -94,8 +95,18 @@ void gather_rows(Communicator& comm, const TensorView& mine, const Tensor& all,
     a.recv_offsets[p] = root ? s.first * row_bytes : 0;
     a.recv_capacity[p] = root ? s.count * row_bytes : 0;
   }
-  comm.all_to_all({}, a.view(mine.data, root ? all.view().data : nullptr),
-                  {"run: gather the outputs on rank 0", timeout_ms});
+  const CommStep step{"run: gather the outputs on rank 0", timeout_ms};
+  if (comm.buffers() == DeviceKind::cpu) {
+    comm.all_to_all({}, a.view(mine.data, root ? all.view().data : nullptr), step);
+    return;
+  }
+  // Over NCCL the rows travel between copies on this rank's GPU.
+  const Device gpu = Device::cuda(Platform::probe().world_local_rank);
+  Tensor sent = Tensor::empty(mine.dtype, mine.shape, gpu);
+  copy(sent, mine);
+  Tensor received = Tensor::empty(all.view().dtype, root ? all.view().shape : Shape{0}, gpu);
+  comm.all_to_all({.device = gpu}, a.view(sent.view().data, received.view().data), step);
+  if (root) copy(all, received);
 }
 
 int run(const RunFlags& flags) {
@@ -108,7 +119,7 @@ int run(const RunFlags& flags) {
 
   Options options = flags.plan.options();
   options.weights = checkpoint.format_for(flags.layer, flags.plan.requested_quant());
-  const bool sliced = options.a2a == A2AKind::mpi;
+  const bool sliced = owns_its_tokens(options);
   const std::vector<Slice> slices = token_slices(all_T, sliced ? platform.world_size : 1);
   const Slice mine = slices[sliced ? static_cast<size_t>(platform.world_rank) : 0];
   // Every rank plans the same largest slice: the all-to-all's buffers must agree.
@@ -152,9 +163,9 @@ int run(const RunFlags& flags) {
     Communicator& comm = world_communicator(plan.comm);
     metadata["ranks"] =
         sliced ? fmt::format(
-                     "{} ranks, a2a mpi: each rank computed its slice of the tokens, rank "
+                     "{} ranks, a2a {}: each rank computed its slice of the tokens, rank "
                      "0 gathered them",
-                     comm.size())
+                     comm.size(), a2a_name(plan.options.a2a))
                : fmt::format(
                      "{} ranks, the reduce form: every rank computed the whole output, rank "
                      "0 wrote it",

@@ -113,7 +113,7 @@ int run_demo(const PlanFlags& flags, int64_t tokens, int repeats) {
   // Across processes every rank has the same weights and tokens of its own.
   const bool ranks = plan.comm != CommKind::none;
   const int rank = plan.options.ep.rank;
-  std::mt19937_64 rng(7 + static_cast<uint64_t>(plan.options.a2a == A2AKind::mpi ? rank : 0));
+  std::mt19937_64 rng(7 + static_cast<uint64_t>(owns_its_tokens(plan.options) ? rank : 0));
   const Tensor hidden = random_tensor({tokens, spec.hidden}, DType::bf16, rng);
   const Tensor logits = random_tensor({tokens, spec.n_experts}, DType::f32, rng, 2.0f);
   Tensor output = Tensor::empty(DType::bf16, {tokens, spec.hidden});
