@@ -92,6 +92,10 @@ __global__ void pack_kernel(PackRowsArgs a) {
   }
 }
 
+__device__ void report(WireProblem* problem, int32_t kind, int32_t detail) {
+  if (atomicCAS(&problem->kind, 0, kind) == 0) problem->detail = detail;
+}
+
 __global__ void unpack_kernel(UnpackPairsArgs a) {
   cuda_launch::wait_for_inputs();
   cuda_launch::release_dependents();
@@ -102,12 +106,8 @@ __global__ void unpack_kernel(UnpackPairsArgs a) {
     const bool valid = pair.slot >= -1 && pair.slot < a.slots;
     a.slots_out[first + e] = valid ? pair.slot : -1;
     a.weights_out[first + e] = pair.weight;
-    if (!valid) atomicExch(a.bad_slot, 1);
+    if (!valid) report(a.problem, kWireSlot, pair.slot);
   }
-}
-
-__device__ void report(WireProblem* problem, int32_t kind, int32_t detail) {
-  if (atomicCAS(&problem->kind, 0, kind) == 0) problem->detail = detail;
 }
 
 __global__ void unpack_messages_kernel(UnpackMessagesArgs a) {

@@ -87,23 +87,8 @@ struct PackRowsArgs {
 };
 void pack_rows(const PackRowsArgs& args, cudaStream_t stream);
 
-// Pairs that came from other ranks, [rows][columns], into the runner's arrays from row
-// `first_row` on. A slot outside [-1, slots) becomes -1 (it adds nothing) and sets *bad_slot,
-// which the host reads once the stream has run (host-mapped memory).
-struct UnpackPairsArgs {
-  const WirePair* pairs = nullptr;
-  int64_t rows = 0;
-  int columns = 0;
-  int slots = 0;
-  int64_t first_row = 0;
-  int32_t* slots_out = nullptr;
-  float* weights_out = nullptr;
-  int32_t* bad_slot = nullptr;
-};
-void unpack_pairs(const UnpackPairsArgs& args, cudaStream_t stream);
-
-// What the low-latency mode's unpack found wrong in a source rank's message, reported on the
-// host once the stream has run (host-mapped memory, written by the device).
+// What an unpack kernel found wrong in what a source rank sent, in device memory, read by the
+// host where it waits anyway (combine in normal mode, synchronize() in low-latency mode).
 struct WireProblem {
   int32_t kind;    // one of the kWire* problems below, 0 for none
   int32_t detail;  // kWireDtype: the sender's DType; kWireSlot: the slot
@@ -113,6 +98,21 @@ inline constexpr int32_t kWireMalformed = 2;  // a header of no status or row co
 inline constexpr int32_t kWireDtype = 3;      // rows in another dtype than this rank's
 inline constexpr int32_t kWireSlot = 4;       // a slot that is not one of this rank's
 inline constexpr int32_t kWireBadId = 5;      // this rank's own: a routed id out of range
+
+// Pairs that came from other ranks, [rows][columns], into the runner's arrays from row
+// `first_row` on. A slot outside [-1, slots) becomes -1 (it adds nothing) and is reported in
+// *problem (kWireSlot).
+struct UnpackPairsArgs {
+  const WirePair* pairs = nullptr;
+  int64_t rows = 0;
+  int columns = 0;
+  int slots = 0;
+  int64_t first_row = 0;
+  int32_t* slots_out = nullptr;
+  float* weights_out = nullptr;
+  WireProblem* problem = nullptr;
+};
+void unpack_pairs(const UnpackPairsArgs& args, cudaStream_t stream);
 
 // The low-latency mode's arrivals: source rank r's message (header, then max_tokens rows of
 // pairs; this rank's own is own_message, never exchanged) into rows [r * max_tokens,
@@ -131,7 +131,7 @@ struct UnpackMessagesArgs {
   int32_t dtype = 0;
   int32_t* slots_out = nullptr;  // [size * max_tokens][columns]
   float* weights_out = nullptr;
-  WireProblem* problems = nullptr;  // [size], host-mapped
+  WireProblem* problems = nullptr;  // [size]
 };
 void unpack_messages(const UnpackMessagesArgs& args, cudaStream_t stream);
 

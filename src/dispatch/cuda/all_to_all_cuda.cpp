@@ -44,6 +44,7 @@ using dispatch::cuda::WireProblem;
 
 constexpr int64_t kMaxElementBytes = 4;  // the activations' dtypes: f32 at most
 constexpr auto kHeaderBytes = static_cast<int64_t>(sizeof(WireHeader));
+constexpr auto kReportBytes = static_cast<int64_t>(sizeof(WireProblem));
 static_assert(kHeaderBytes == 16);
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -52,13 +53,11 @@ void check_cuda(cudaError_t status, const char* what) {
   fail(Errc::internal, "the nccl all-to-all: {} failed: {}", what, cudaGetErrorString(status));
 }
 
-// Host memory the device reads and writes: the headers' copy (pinned, for the copy back) and the
-// unpack kernel's flag (mapped, read once the stream has run).
+// Pinned host memory, where the headers and the unpack kernels' reports are copied back to.
 class PinnedHost {
  public:
   explicit PinnedHost(int64_t bytes) {
-    check_cuda(cudaHostAlloc(&data_, static_cast<size_t>(bytes), cudaHostAllocMapped),
-               "cudaHostAlloc");
+    check_cuda(cudaMallocHost(&data_, static_cast<size_t>(bytes)), "cudaMallocHost");
   }
   ~PinnedHost() { cudaFreeHost(data_); }
   PinnedHost(const PinnedHost&) = delete;
@@ -91,9 +90,9 @@ class CudaAllToAllDispatcher final : public Dispatcher {
         got_offset_(static_cast<size_t>(size_)),
         table_(Tensor::empty(DType::i32, {static_cast<int64_t>(problem.global_to_local.size())},
                              problem.device)),
+        reports_(Tensor::empty(DType::i8, {(size_ + 1) * kReportBytes}, problem.device)),
         headers_(2 * size_ * kHeaderBytes),
-        bad_slot_(sizeof(int32_t)),
-        problems_(size_ * static_cast<int64_t>(sizeof(WireProblem))) {
+        reports_host_((size_ + 1) * kReportBytes) {
     if (comm_.buffers() != DeviceKind::cuda) {
       fail(Errc::internal, "the nccl all-to-all needs a communicator of device buffers, not {}",
            comm_.name());
@@ -109,13 +108,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
     }
     copy(table_, TensorView::contiguous(p_.global_to_local.data(), DType::i32,
                                         {static_cast<int64_t>(p_.global_to_local.size())}));
-    check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_slot_device_),
-                                        bad_slot_.as<int32_t>(), 0),
-               "cudaHostGetDevicePointer");
-    check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&problems_device_),
-                                        problems_.as<WireProblem>(), 0),
-               "cudaHostGetDevicePointer");
-    std::fill_n(problems_.as<WireProblem>(), size_, WireProblem{0, 0});
+    reports_.fill_bytes(0);
     row_bytes_ = dtype_storage_bytes(dtype_, p_.hidden);
   }
 
@@ -182,10 +175,9 @@ class CudaAllToAllDispatcher final : public Dispatcher {
         arrays_.recv_capacity[r] = other ? sent_[r] * row : 0;
       }
       comm_.all_to_all(ctx, arrays_.view(a.sums, a.back), step(kCombineStep));
-      // The exchange has waited for the stream, the unpack kernel's flag with it.
-      if (*bad_slot_.as<int32_t>() != 0) {
-        fail(Errc::comm, "rank {}: a rank sent an expert slot that is not one of this rank's {}",
-             me_, slots_);
+      if (const WireProblem bad = take_reports(ctx, size_, 1).front(); bad.kind != 0) {
+        fail(Errc::comm, "rank {}: a rank sent expert slot {}, not one of this rank's {}", me_,
+             bad.detail, slots_);
       }
     }
     const int64_t own_row = low_latency_ ? me_ * p_.max_tokens : 0;
@@ -225,12 +217,11 @@ class CudaAllToAllDispatcher final : public Dispatcher {
   void synchronize(const ExecContext& ctx, void*) override {
     if (!low_latency_) return;
     comm_.wait(ctx, step(kLowLatencyStep));
-    WireProblem* problems = problems_.as<WireProblem>();
+    const std::vector<WireProblem> problems = take_reports(ctx, 0, size_);
     std::string found;
     for (int r = 0; r < size_; ++r) {
       if (problems[r].kind != 0) found += (found.empty() ? "" : "; ") + describe(r, problems[r]);
     }
-    std::fill_n(problems, size_, WireProblem{0, 0});
     if (!found.empty()) {
       fail(Errc::comm,
            "rank {}: step '{}': {}; the rows of those ranks were left out of this batch", me_,
@@ -310,7 +301,6 @@ class CudaAllToAllDispatcher final : public Dispatcher {
     exchange_rows(ctx, reinterpret_cast<std::byte*>(a.send_pairs),
                   reinterpret_cast<std::byte*>(a.recv_pairs), pair_bytes,
                   "dispatch: expert slots and weights");
-    *bad_slot_.as<int32_t>() = 0;
     const int64_t own = got_[me_];
     dispatch::cuda::unpack_pairs({.pairs = a.recv_pairs + own * p_.columns,
                                   .rows = received - own,
@@ -319,7 +309,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
                                   .first_row = own,
                                   .slots_out = a.in_slots,
                                   .weights_out = a.in_weights,
-                                  .bad_slot = bad_slot_device_},
+                                  .problem = reports() + size_},
                                  ctx.stream);
     return {TensorView::contiguous(a.input, dtype_, {received, p_.hidden}, p_.device),
             a.in_slots,
@@ -355,7 +345,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
                                      .dtype = static_cast<int32_t>(dtype_),
                                      .slots_out = a.in_slots,
                                      .weights_out = a.in_weights,
-                                     .problems = problems_device_},
+                                     .problems = reports()},
                                     ctx.stream);
     const int64_t rows = size_ * p_.max_tokens;
     return {TensorView::contiguous(a.input, dtype_, {rows, p_.hidden}, p_.device),
@@ -393,6 +383,20 @@ class CudaAllToAllDispatcher final : public Dispatcher {
       arrays_.recv_capacity[r] = bytes;
     }
     comm_.enqueue_all_to_all(ctx, arrays_.view(send, recv), step(name));
+  }
+
+  WireProblem* reports() const { return static_cast<WireProblem*>(reports_.view().data); }
+
+  // Reports [first, first + n) on the host, cleared on the device for the batches after.
+  std::vector<WireProblem> take_reports(const ExecContext& ctx, int first, int n) {
+    auto* host = reports_host_.as<WireProblem>();
+    const auto bytes = static_cast<size_t>(n * kReportBytes);
+    check_cuda(cudaMemcpyAsync(host, reports() + first, bytes, cudaMemcpyDeviceToHost, ctx.stream),
+               "copying the unpack kernels' reports");
+    check_cuda(cudaMemsetAsync(reports() + first, 0, bytes, ctx.stream),
+               "clearing the unpack kernels' reports");
+    check_cuda(cudaStreamSynchronize(ctx.stream), "waiting for the reports");
+    return {host, host + n};
   }
 
   std::string describe(int r, const WireProblem& problem) const {
@@ -506,11 +510,11 @@ class CudaAllToAllDispatcher final : public Dispatcher {
   std::vector<int64_t> got_;         // normal: rows received from each rank
   std::vector<int64_t> got_offset_;  // normal: where those rows start in the runner's input
   Tensor table_;                     // global_to_local on the device
-  PinnedHost headers_;               // [2][size] WireHeader: sent, received
-  PinnedHost bad_slot_;              // normal: the unpack kernel's flag
-  PinnedHost problems_;              // low-latency: [size] WireProblem, by source rank
-  int32_t* bad_slot_device_ = nullptr;
-  WireProblem* problems_device_ = nullptr;
+  // What the unpack kernels found, [size + 1] WireProblem: low-latency's by source rank, then
+  // normal mode's bad slot; kept across batches until the host reads and clears them.
+  Tensor reports_;
+  PinnedHost headers_;       // [2][size] WireHeader: sent, received
+  PinnedHost reports_host_;  // the reports' copy
   int64_t tokens_ = 0;
   DType dtype_ = DType::bf16;
   int64_t row_bytes_ = 0;
