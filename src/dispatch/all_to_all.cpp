@@ -462,22 +462,29 @@ class AllToAllDispatcher final : public Dispatcher {
 
 }  // namespace
 
-Capability all_to_all_supports(const Deployment& deployment) {
+Capability all_to_all_supports_over(const Deployment& deployment, CommKind comm,
+                                    std::string_view what) {
   const Options& o = deployment.options;
-  if (!communicator_built(CommKind::mpi)) {
-    return Capability::No(communicator_absent_reason(CommKind::mpi));
-  }
-  if (o.device.kind != DeviceKind::cpu) {
-    return Capability::No("the MPI communicator moves host memory: device=cpu");
+  if (!communicator_built(comm)) return Capability::No(communicator_absent_reason(comm));
+  const DeviceKind buffers = comm == CommKind::nccl ? DeviceKind::cuda : DeviceKind::cpu;
+  if (o.device.kind != buffers) {
+    return Capability::No(fmt::format("the {} communicator moves {} memory: device={}",
+                                      comm == CommKind::nccl ? "NCCL" : "MPI",
+                                      buffers == DeviceKind::cuda ? "device" : "host",
+                                      buffers == DeviceKind::cuda ? "cuda" : "cpu"));
   }
   if (o.ep.size != deployment.platform.world_size) {
     return Capability::No(fmt::format("ep size {} is not the launcher's {} rank(s)", o.ep.size,
                                       deployment.platform.world_size));
   }
   return Capability::Yes(fmt::format(
-      "a2a mpi over {} rank(s): each rank's rows go to the ranks holding their experts, and the "
-      "partial sums come back and are added in rank order",
-      o.ep.size));
+      "a2a {} over {} {}: each rank's rows go to the {} holding their experts, and the partial "
+      "sums come back and are added in rank order",
+      comm == CommKind::nccl ? "nccl" : "mpi", o.ep.size, what, what));
+}
+
+Capability all_to_all_supports(const Deployment& deployment) {
+  return all_to_all_supports_over(deployment, CommKind::mpi, "rank(s)");
 }
 
 int64_t all_to_all_max_received_tokens(const Options& options) {

@@ -91,6 +91,10 @@ Capability standard_supports(const Deployment& deployment);
 int64_t standard_max_received_tokens(const Options& options);
 std::unique_ptr<Dispatcher> make_standard_dispatcher(const DispatcherProblem& problem);
 Capability all_to_all_supports(const Deployment& deployment);
+// The all-to-all's capability over `comm` (MPI: host memory; NCCL: device memory), spanning
+// every rank the launcher started; `what` names the ranks in its reason ("GPU(s)").
+Capability all_to_all_supports_over(const Deployment& deployment, CommKind comm,
+                                    std::string_view what);
 int64_t all_to_all_max_received_tokens(const Options& options);
 std::unique_ptr<Dispatcher> make_all_to_all_dispatcher(const DispatcherProblem& problem);
 // The one heuristic that picks the all-to-all's mode where the options leave it to auto, and its

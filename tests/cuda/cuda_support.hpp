@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -91,6 +92,20 @@ inline std::vector<float> normal(int64_t n, uint32_t seed, float stddev = 1.0f) 
   std::vector<float> x(static_cast<size_t>(n));
   for (float& v : x) v = dist(rng);
   return x;
+}
+
+// ||got - want|| / ||want|| (the absolute error where want is all zeros); infinite where got has
+// a value that is not finite.
+template <typename T>
+double relative_l2(const std::vector<T>& got, const std::vector<double>& want) {
+  double err = 0.0, ref = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(got[i]))) return INFINITY;
+    const double d = static_cast<double>(got[i]) - want[i];
+    err += d * d;
+    ref += want[i] * want[i];
+  }
+  return ref == 0.0 ? std::sqrt(err) : std::sqrt(err / ref);
 }
 
 }  // namespace moekit::cuda_testing

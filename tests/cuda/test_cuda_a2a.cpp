@@ -32,6 +32,7 @@ namespace {
 
 using cuda_testing::download;
 using cuda_testing::kPoison;
+using cuda_testing::relative_l2;
 using cuda_testing::Stream;
 using cuda_testing::upload;
 
@@ -313,16 +314,6 @@ DispatcherProblem problem_for(const A2ACase& c, const Layout& layout, int rank,
           .quant = WeightFormat::bf16,
           .physical = layout.physical(),
           .per_rank = layout.per_rank};
-}
-
-double relative_l2(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    err += (got[i] - want[i]) * (got[i] - want[i]);
-    ref += want[i] * want[i];
-  }
-  return ref == 0.0 ? std::sqrt(err) : std::sqrt(err / ref);
 }
 
 // What one rank's dispatch, stand-in runner, combine and synchronize give, on a batch of `dtype`

@@ -19,6 +19,8 @@
 namespace moekit::test {
 namespace {
 
+using cuda_testing::relative_l2;
+
 // Empty when this process is one of several ranks, each with a GPU of its own and NCCL.
 std::string not_ranks_reason(const Platform& platform) {
   if (!cuda_testing::no_gpu_reason().empty()) return cuda_testing::no_gpu_reason();
@@ -93,16 +95,6 @@ std::vector<double> forward_on_gpu(const Plan& plan, const LayerWeights& weights
   Tensor host = Tensor::empty(output.view().dtype, output.view().shape);
   copy(host, output);
   return to_doubles(host.view());
-}
-
-double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    err += (got[i] - want[i]) * (got[i] - want[i]);
-    ref += want[i] * want[i];
-  }
-  return ref == 0.0 ? std::sqrt(err) : std::sqrt(err / ref);
 }
 
 class CudaRanks : public ::testing::TestWithParam<RanksCase> {};

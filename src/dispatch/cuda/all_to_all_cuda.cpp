@@ -523,21 +523,7 @@ class CudaAllToAllDispatcher final : public Dispatcher {
 }  // namespace
 
 Capability nccl_all_to_all_supports(const Deployment& deployment) {
-  const Options& o = deployment.options;
-  if (!communicator_built(CommKind::nccl)) {
-    return Capability::No(communicator_absent_reason(CommKind::nccl));
-  }
-  if (o.device.kind != DeviceKind::cuda) {
-    return Capability::No("the NCCL communicator moves device memory: device=cuda");
-  }
-  if (o.ep.size != deployment.platform.world_size) {
-    return Capability::No(fmt::format("ep size {} is not the launcher's {} rank(s)", o.ep.size,
-                                      deployment.platform.world_size));
-  }
-  return Capability::Yes(fmt::format(
-      "a2a nccl over {} GPU(s): each rank's rows go to the GPUs holding their experts, and the "
-      "partial sums come back and are added in rank order",
-      o.ep.size));
+  return all_to_all_supports_over(deployment, CommKind::nccl, "GPU(s)");
 }
 
 std::unique_ptr<Dispatcher> make_nccl_all_to_all_dispatcher(const DispatcherProblem& problem) {
