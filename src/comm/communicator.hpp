@@ -91,6 +91,9 @@ class Communicator {
   virtual void all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
                               const CommStep& step) = 0;
   virtual int64_t all_reduce_scratch(int64_t count) const = 0;
+  // all_reduce_sum enqueued, not waited for (capturable), where enqueues(); wait() bounds it.
+  virtual void enqueue_all_reduce_sum(const ExecContext& ctx, float* data, int64_t count,
+                                      float* scratch, const CommStep& step);
   // Returns false if some rank did not arrive before the deadline (nothing is thrown: a caller
   // that is already failing uses it to learn whether the others are failing with it).
   virtual bool barrier(const CommStep& step) = 0;
@@ -126,9 +129,10 @@ void host_segment_sum(const ExecContext& ctx, float* out, const float* parts, in
 // reduction of their own that keeps that order: a reduce-scatter (each rank sums its segment in
 // rank order with `sum`) then an all-gather. scratch: fixed_order_reduce_scratch(size, count)
 // floats.
+// `enqueued`: both exchanges through enqueue_all_to_all (nothing waited for).
 void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& arrays, const ExecContext& ctx,
                             float* data, int64_t count, float* scratch, const CommStep& step,
-                            SegmentSum sum);
+                            SegmentSum sum, bool enqueued = false);
 int64_t fixed_order_reduce_scratch(int size, int64_t count);
 
 }  // namespace moekit

@@ -31,7 +31,14 @@ int64_t fixed_order_reduce_scratch(int size, int64_t count) {
 
 void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& a, const ExecContext& ctx,
                             float* data, int64_t count, float* scratch, const CommStep& step,
-                            SegmentSum sum) {
+                            SegmentSum sum, bool enqueued) {
+  const auto exchange = [&](const Exchange& x) {
+    if (enqueued) {
+      comm.enqueue_all_to_all(ctx, x, step);
+    } else {
+      comm.all_to_all(ctx, x, step);
+    }
+  };
   const int size = comm.size(), me = comm.rank();
   const int64_t seg = segment_length(size, count);
   const auto begin = [&](int p) { return std::min(count, p * seg); };
@@ -43,7 +50,7 @@ void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& a, const ExecCon
     a.recv_offsets[p] = p * seg * kFloat;
     a.recv_capacity[p] = length(me) * kFloat;
   }
-  comm.all_to_all(ctx, a.view(data, scratch), step);
+  exchange(a.view(data, scratch));
   const int64_t n = length(me);
   sum(ctx, data + begin(me), scratch, seg, size, n);
   // The gather: this rank's summed segment to every other rank, theirs into place here.
@@ -54,7 +61,7 @@ void fixed_order_all_reduce(Communicator& comm, ExchangeArrays& a, const ExecCon
     a.recv_offsets[p] = begin(p) * kFloat;
     a.recv_capacity[p] = other ? length(p) * kFloat : 0;
   }
-  comm.all_to_all(ctx, a.view(data, data), step);
+  exchange(a.view(data, data));
 }
 
 }  // namespace moekit

@@ -27,6 +27,13 @@ void Communicator::enqueue_all_to_all(const ExecContext&, const Exchange&, const
        step.name, name());
 }
 
+void Communicator::enqueue_all_reduce_sum(const ExecContext&, float*, int64_t, float*,
+                                          const CommStep& step) {
+  fail(Errc::internal,
+       "step '{}': the {} communicator waits for each exchange on the host and enqueues none",
+       step.name, name());
+}
+
 // A communicator that waits for each exchange has left nothing on the stream to wait for.
 void Communicator::wait(const ExecContext&, const CommStep&) {}
 

@@ -135,15 +135,24 @@ struct StandardScratch {
   int64_t* pairs_out;
   int64_t* pairs_in;
   float* reduce;
+  float* idle_rows;  // enqueued_reduce: the rows a rank whose input failed sums with the others
 
   // Declares (a counting carver) or hands out (one over the scratch) the same layout.
   static StandardScratch carve(ScratchCarver& carver, const DispatcherProblem& problem);
   static int64_t bytes(const DispatcherProblem& problem);
 };
+// Whether the reduce form's exchanges are enqueued without waiting (the GPU's low-latency mode:
+// a communicator that enqueues, NCCL): the agreement is then checked on the device and reported
+// at synchronize(), and every rank sums max_tokens rows, whatever its batch, so that the sizes
+// of the exchanges never depend on a batch (a rank whose input failed joins with idle rows).
+bool enqueued_reduce(const DispatcherProblem& problem);
+// The reduce form's exchanges on the GPU: waited for, or enqueued where the batches are decode
+// batches (choose_a2a_mode), so that a CUDA graph captures them. Nothing elsewhere.
+void standard_decide(Plan& plan);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);
 // The all-to-all over NCCL (cuda/all_to_all_cuda.cpp): all_to_all.cpp's protocol on the GPU, in
-// normal mode with the rows as they came; its decide refuses what it has not built.
+// both modes, with the rows as they came; its decide refuses the e4m3 wire, not built there.
 Capability nccl_all_to_all_supports(const Deployment& deployment);
 std::unique_ptr<Dispatcher> make_nccl_all_to_all_dispatcher(const DispatcherProblem& problem);
 void nccl_all_to_all_decide(Plan& plan);

@@ -88,7 +88,35 @@ StandardScratch StandardScratch::carve(ScratchCarver& c, const DispatcherProblem
   const int64_t reduce =
       p.comm != nullptr ? p.comm->all_reduce_scratch(p.max_received_tokens * p.hidden) : 0;
   return {c.take<int32_t>(p.max_received_tokens * p.columns), c.take<int64_t>(2 * size),
-          c.take<int64_t>(2 * size), c.take<float>(reduce)};
+          c.take<int64_t>(2 * size), c.take<float>(reduce),
+          c.take<float>(enqueued_reduce(p) ? p.max_received_tokens * p.hidden : 0)};
+}
+
+bool enqueued_reduce(const DispatcherProblem& problem) {
+  return problem.comm != nullptr && problem.comm->enqueues() &&
+         problem.mode == A2AMode::low_latency;
+}
+
+void standard_decide(Plan& plan) {
+  if (plan.comm != CommKind::nccl) return;
+  const A2AModeChoice choice = choose_a2a_mode(plan.options);
+  plan.a2a_mode = choice.mode;
+  const bool enqueued = choice.mode == A2AMode::low_latency;
+  plan.decisions.push_back(
+      {PlanLayer::dispatcher,
+       "reduce exchanges",
+       enqueued ? "enqueued (low-latency): a CUDA graph captures them" : "waited for (normal)",
+       choice.reason +
+           (enqueued ? fmt::format("; the agreement is checked on the GPU and reported by "
+                                   "synchronize(), and every rank sums all {} rows of its buffer "
+                                   "whatever its batch, so no exchange's size depends on one",
+                                   plan.options.max_tokens)
+                     : std::string("; each exchange waits on the host against its deadline, and "
+                                   "the sum covers the batch's rows")),
+       {{enqueued ? "waited for" : "enqueued",
+         enqueued ? "a host synchronisation in every forward, and no CUDA graph"
+                  : "max_tokens rows summed whatever the batch"}},
+       std::nullopt});
 }
 
 int64_t StandardScratch::bytes(const DispatcherProblem& p) {

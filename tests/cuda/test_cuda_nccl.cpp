@@ -214,6 +214,21 @@ TEST(CudaResolve, TheReduceFormAcrossGpuProcessesSumsOverNcclOrIsRefusedSayingWh
   }
 }
 
+TEST(CudaResolve, TheReduceFormOfDecodeBatchesEnqueuesItsExchangesAndOfPrefillWaits) {
+  if (!communicator_built(CommKind::nccl))
+    GTEST_SKIP() << communicator_absent_reason(CommKind::nccl);
+  for (const int64_t max_tokens : {128, 129}) {
+    SCOPED_TRACE(max_tokens);
+    Options options = reduce_form_on(1, 1);
+    options.max_tokens = max_tokens;
+    const Resolution r = try_resolve(small_dsv3(), options, two_gpus_launched(1));
+    ASSERT_TRUE(r.plan.has_value()) << r.refusal;
+    const bool decode = max_tokens <= 128;
+    EXPECT_EQ(r.plan->a2a_mode, decode ? A2AMode::low_latency : A2AMode::normal);
+    expect_mentions(r.plan->explain(), {"reduce exchanges", decode ? "CUDA graph" : "waited for"});
+  }
+}
+
 TEST(CudaResolve, TheReduceFormRefusesAGpuOtherThanTheLocalRanks) {
   const Resolution r = try_resolve(small_dsv3(), reduce_form_on(0, 1), two_gpus_launched(1));
   ASSERT_FALSE(r.plan.has_value());

@@ -1,9 +1,11 @@
 // Expert parallelism over NCCL across processes, one GPU each: on every rank the a2a nccl
 // layer's output on its own tokens equals the single-GPU layer's on the same tokens, in both
 // modes, for each GPU format, with uneven batches (one rank with none), a hot expert and
-// replicas. scripts/gpu.sh runs this suite as N processes of this binary on a machine of N >= 2
-// GPUs (MOEKIT_WORLD_SIZE / _RANK / _LOCAL_RANK and a fresh MOEKIT_NCCL_ID_FILE); a process
-// that is not one of several ranks skips it, saying why.
+// replicas; so does the reduce form's (a2a none, every rank the same tokens) in both of its ways
+// to exchange. The low-latency ones are also captured in a CUDA graph and replayed bit for bit.
+// scripts/gpu.sh runs this suite as N processes of this binary on a machine of N >= 2 GPUs
+// (MOEKIT_WORLD_SIZE / _RANK / _LOCAL_RANK and a fresh MOEKIT_NCCL_ID_FILE); a process that is not
+// one of several ranks skips it, saying why.
 
 #include <gtest/gtest.h>
 
@@ -45,6 +47,7 @@ struct RanksCase {
   BlockForm form = BlockForm::standard;
   Load load = Load::uneven;
   int extra_replicas = 0;
+  A2AKind a2a = A2AKind::nccl;  // none: the reduce form
 };
 
 std::vector<RanksCase> ranks_cases() {
@@ -63,6 +66,10 @@ std::vector<RanksCase> ranks_cases() {
       {"low_latency_fp8_tensor_standard", low_latency,
        QuantParams::Fp8Tensor(Fp8Scaling::per_channel)},
       {"normal_f16_standard", normal, WeightFormat::f16},
+      {"reduce_normal_bf16_standard", normal, WeightFormat::bf16, BlockForm::standard, Load::uneven,
+       0, A2AKind::none},
+      {"reduce_low_latency_fp8_block_overlapped", low_latency, QuantParams::Fp8Block(128),
+       BlockForm::overlapped, Load::hot_expert, 0, A2AKind::none},
   };
 }
 
@@ -77,9 +84,11 @@ int redundant_for(const ModelSpec& spec, int size, int extra) {
   return (size - spec.n_experts % size) % size + extra * size;
 }
 
-// One forward on this rank's GPU, the output poisoned first; the output back on the host.
-std::vector<double> forward_on_gpu(const Plan& plan, const LayerWeights& weights,
-                                   const Inputs& in) {
+// One forward on this rank's GPU, the output poisoned first; the output back on the host. With
+// `replay`, the forward is also captured in a CUDA graph and replayed, which must give the same
+// bits.
+std::vector<double> forward_on_gpu(const Plan& plan, const LayerWeights& weights, const Inputs& in,
+                                   bool replay = false) {
   MoeLayer layer(plan, weights);
   const Device gpu = plan.options.device;
   const auto up = [&](const Tensor& host) {
@@ -89,12 +98,32 @@ std::vector<double> forward_on_gpu(const Plan& plan, const LayerWeights& weights
   };
   const Tensor hidden = up(in.hidden), logits = up(in.logits);
   Tensor output = Tensor::empty(in.hidden.view().dtype, in.hidden.view().shape, gpu);
+  const auto read = [&] {
+    Tensor host = Tensor::empty(output.view().dtype, output.view().shape);
+    copy(host, output);
+    return to_doubles(host.view());
+  };
   output.fill_bytes(cuda_testing::kPoison);
   layer.forward(hidden, logits, output);
   layer.synchronize();
-  Tensor host = Tensor::empty(output.view().dtype, output.view().shape);
-  copy(host, output);
-  return to_doubles(host.view());
+  const std::vector<double> eager = read();
+  if (!replay) return eager;
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  layer.forward(hidden, logits, output, nullptr, stream);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  output.fill_bytes(cuda_testing::kPoison);
+  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  layer.synchronize();
+  EXPECT_EQ(read(), eager) << "the replayed graph gave other bits";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return eager;
 }
 
 class CudaRanks : public ::testing::TestWithParam<RanksCase> {};
@@ -109,10 +138,13 @@ TEST_P(CudaRanks, EveryRanksOutputEqualsTheSingleGpuLayerOnItsTokens) {
   spec.intermediate = 128;
   spec.shared_intermediate = 256;
   const RandomWeights weights = RandomWeights::make(spec, DType::bf16, 31);
-  Inputs in = random_inputs(spec, tokens_of(rank), DType::bf16, 200 + rank);
+  // The reduce form: every rank the same tokens.
+  const bool reduce = c.a2a == A2AKind::none;
+  const int64_t T = reduce ? 13 : tokens_of(rank);
+  Inputs in = random_inputs(spec, T, DType::bf16, reduce ? 200 : 200 + rank);
   if (c.load == Load::hot_expert) {
     float* logits = in.logits.data<float>();
-    for (int64_t t = 0; t < tokens_of(rank); ++t) logits[t * spec.n_experts + 3] += 6.0f;
+    for (int64_t t = 0; t < T; ++t) logits[t * spec.n_experts + 3] += 6.0f;
   }
   Options options;
   options.runner = RunnerKind::cuda;
@@ -122,14 +154,18 @@ TEST_P(CudaRanks, EveryRanksOutputEqualsTheSingleGpuLayerOnItsTokens) {
   options.max_tokens = 16;
   options.comm_timeout_ms = 20000;
   const Plan single = resolve(spec, options, platform);
-  options.a2a = A2AKind::nccl;
+  options.a2a = c.a2a;
   options.a2a_mode = c.mode;
   options.ep = ExpertParallel::Rank(size, rank, redundant_for(spec, size, c.extra_replicas));
   const Plan plan = resolve(spec, options, platform);
   ASSERT_EQ(plan.a2a_mode, c.mode);
   ASSERT_EQ(plan.form, c.form) << plan.explain();
-  const std::vector<double> got = forward_on_gpu(plan, weights.view(), in);
-  if (tokens_of(rank) == 0) return;
+  if (reduce) {
+    ASSERT_EQ(plan.comm, CommKind::nccl) << plan.explain();
+  }
+  const std::vector<double> got =
+      forward_on_gpu(plan, weights.view(), in, c.mode == A2AMode::low_latency);
+  if (T == 0) return;
   const std::vector<double> want = forward_on_gpu(single, weights.view(), in);
   EXPECT_LT(relative_l2(got, want), c.weights.quantized() ? 2e-2 : 1e-2);
 }

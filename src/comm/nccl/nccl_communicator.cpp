@@ -251,6 +251,13 @@ class NcclCommunicator final : public Communicator {
                            device_segment_sum);
   }
 
+  void enqueue_all_reduce_sum(const ExecContext& ctx, float* data, int64_t count, float* scratch,
+                              const CommStep& step) override {
+    const DeviceScope scope(device_);
+    fixed_order_all_reduce(*this, reduce_arrays_, ctx, data, count, scratch, step,
+                           device_segment_sum, /*enqueued=*/true);
+  }
+
   int64_t all_reduce_scratch(int64_t count) const override {
     return fixed_order_reduce_scratch(size_, count);
   }

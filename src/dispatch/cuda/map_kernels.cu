@@ -15,7 +15,43 @@ __global__ void map_kernel(MapToLocalArgs a) {
   }
 }
 
+__global__ void write_agreement_kernel(int64_t* pairs, int size, int64_t status, int64_t tokens) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
+  for (int r = threadIdx.x; r < size; r += blockDim.x) {
+    pairs[2 * r] = status;
+    pairs[2 * r + 1] = tokens;
+  }
+}
+
+__global__ void check_agreement_kernel(const int64_t* pairs, int size, int64_t ready,
+                                       int64_t tokens, AgreementReport* reports) {
+  cuda_launch::wait_for_inputs();
+  cuda_launch::release_dependents();
+  for (int r = threadIdx.x; r < size; r += blockDim.x) {
+    if (reports[r].kind != 0) continue;
+    if (pairs[2 * r] != ready) {
+      reports[r] = {kAgreementRefused, 0};
+    } else if (pairs[2 * r + 1] != tokens) {
+      reports[r] = {kAgreementTokens, static_cast<int32_t>(pairs[2 * r + 1])};
+    }
+  }
+}
+
 }  // namespace
+
+void write_agreement(int64_t* pairs, int size, int64_t status, int64_t tokens,
+                     cudaStream_t stream) {
+  cuda_launch::launch(write_agreement_kernel, 1, 128, 0, stream, pairs, size, status, tokens);
+  cuda_common::check_launch("write_agreement");
+}
+
+void check_agreement(const int64_t* pairs, int size, int64_t ready, int64_t tokens,
+                     AgreementReport* reports, cudaStream_t stream) {
+  cuda_launch::launch(check_agreement_kernel, 1, 128, 0, stream, pairs, size, ready, tokens,
+                      reports);
+  cuda_common::check_launch("check_agreement");
+}
 
 void map_to_local(const MapToLocalArgs& args, cudaStream_t stream) {
   if (args.entries == 0) return;

@@ -3,11 +3,14 @@
 // sort (Plan::fusions.map_in_sort), the table handed on with the global ids. In the reduce form (a
 // communicator of device buffers, NCCL) it agrees with the other ranks first, through device copies
 // of the (status, tokens) pairs, and combine() sums the partial outputs over the ranks on the
-// layer's stream.
+// layer's stream: each exchange waited for on the host (normal), or, for decode batches
+// (enqueued_reduce), enqueued with the agreement checked by a kernel and reported by
+// synchronize(), so that a CUDA graph captures the layer.
 
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/scratch.hpp"
@@ -23,7 +26,8 @@ class CudaStandardDispatcher final : public Dispatcher {
   explicit CudaStandardDispatcher(const DispatcherProblem& problem)
       : p_(problem),
         table_(Tensor::empty(DType::i32, {static_cast<int64_t>(problem.global_to_local.size())},
-                             problem.device)) {
+                             problem.device)),
+        enqueued_(enqueued_reduce(problem)) {
     copy(table_, TensorView::contiguous(p_.global_to_local.data(), DType::i32,
                                         {static_cast<int64_t>(p_.global_to_local.size())}));
     if (p_.comm == nullptr) return;
@@ -34,6 +38,10 @@ class CudaStandardDispatcher final : public Dispatcher {
     arrays_.emplace(p_.comm->size());
     pairs_out_.resize(static_cast<size_t>(2 * p_.comm->size()));
     pairs_in_.resize(pairs_out_.size());
+    if (enqueued_) {
+      reports_ = Tensor::empty(DType::i8, {p_.comm->size() * kReportBytes}, p_.device);
+      reports_.fill_bytes(0);
+    }
   }
 
   bool collective() const override { return p_.comm != nullptr; }
@@ -48,7 +56,14 @@ class CudaStandardDispatcher final : public Dispatcher {
       fail(Errc::internal, "dispatch of {} entries exceeds the {} planned", entries, max_entries());
     }
     const StandardScratch a = carve_at(scratch);
-    if (p_.comm != nullptr) agree(ctx, a, kRankReady, hidden.dim(0));
+    if (enqueued_) {
+      tokens_ = hidden.dim(0);
+      enqueue_agreement(ctx, a, kRankReady, hidden.dim(0));
+      dispatch::cuda::check_agreement(a.pairs_in, p_.comm->size(), kRankReady, hidden.dim(0),
+                                      reports(), ctx.stream);
+    } else if (p_.comm != nullptr) {
+      agree(ctx, a, kRankReady, hidden.dim(0));
+    }
     const int n_global = static_cast<int>(p_.global_to_local.size());
     if (p_.map_in_runner) {
       // Plan::fusions.map_in_sort: the runner's sort reads the table.
@@ -73,12 +88,59 @@ class CudaStandardDispatcher final : public Dispatcher {
   void combine(const ExecContext& ctx, const DispatchOutput& dispatched, float* combined,
                void* scratch) override {
     if (p_.comm == nullptr) return;
+    const CommStep step{kReduceStep, p_.timeout_ms};
+    if (enqueued_) {
+      // combined has room for max_tokens rows (the layer's routed sum): the rows past this batch
+      // are summed too, and never read.
+      p_.comm->enqueue_all_reduce_sum(ctx, combined, p_.max_received_tokens * p_.hidden,
+                                      carve_at(scratch).reduce, step);
+      return;
+    }
     p_.comm->all_reduce_sum(ctx, combined, dispatched.tokens * p_.hidden, carve_at(scratch).reduce,
-                            {kReduceStep, p_.timeout_ms});
+                            step);
   }
 
+  // Enqueued: the failed pair, then the sum the others wait in (over idle rows), then a wait.
   void abandon(const ExecContext& ctx, void* scratch) override {
-    if (p_.comm != nullptr) agree(ctx, carve_at(scratch), kRankFailed, 0);
+    if (p_.comm == nullptr) return;
+    const StandardScratch a = carve_at(scratch);
+    if (!enqueued_) {
+      agree(ctx, a, kRankFailed, 0);
+      return;
+    }
+    enqueue_agreement(ctx, a, kRankFailed, 0);
+    p_.comm->enqueue_all_reduce_sum(ctx, a.idle_rows, p_.max_received_tokens * p_.hidden, a.reduce,
+                                    {kReduceStep, p_.timeout_ms});
+    p_.comm->wait(ctx, {kReduceStep, p_.timeout_ms});
+  }
+
+  void synchronize(const ExecContext& ctx, void*) override {
+    if (!enqueued_) return;
+    p_.comm->wait(ctx, {kReduceStep, p_.timeout_ms});
+    const int size = p_.comm->size();
+    std::vector<dispatch::cuda::AgreementReport> found(static_cast<size_t>(size));
+    const auto bytes = static_cast<size_t>(size * kReportBytes);
+    check(cudaMemcpyAsync(found.data(), reports(), bytes, cudaMemcpyDeviceToHost, ctx.stream));
+    check(cudaMemsetAsync(reports(), 0, bytes, ctx.stream));
+    check(cudaStreamSynchronize(ctx.stream));
+    std::string refused;
+    for (int r = 0; r < size; ++r) {
+      if (found[r].kind == dispatch::cuda::kAgreementRefused) {
+        refused += (refused.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (!refused.empty()) {
+      fail(Errc::comm, "rank {}: rank(s) {} refused their input (see their message) in step '{}'",
+           p_.comm->rank(), refused, kAgreementStep);
+    }
+    for (int r = 0; r < size; ++r) {
+      if (found[r].kind == dispatch::cuda::kAgreementTokens) {
+        fail(Errc::invalid_argument,
+             "rank {}: a2a none across processes needs every rank to pass the same tokens, but "
+             "this rank has {} and rank {} has {}",
+             p_.comm->rank(), tokens_, r, found[r].detail);
+      }
+    }
   }
 
  private:
@@ -109,12 +171,31 @@ class CudaStandardDispatcher final : public Dispatcher {
          cudaGetErrorString(status));
   }
 
+  // This rank's (status, tokens) pair to every rank, written and exchanged on the stream.
+  void enqueue_agreement(const ExecContext& ctx, const StandardScratch& a, int64_t status,
+                         int64_t tokens) {
+    prepare_agreement(*arrays_, pairs_out_.data(), status, tokens);
+    dispatch::cuda::write_agreement(a.pairs_out, p_.comm->size(), status, tokens, ctx.stream);
+    p_.comm->enqueue_all_to_all(ctx, arrays_->view(a.pairs_out, a.pairs_in),
+                                {kAgreementStep, p_.timeout_ms});
+  }
+
+  dispatch::cuda::AgreementReport* reports() const {
+    return static_cast<dispatch::cuda::AgreementReport*>(reports_.view().data);
+  }
+
+  static constexpr auto kReportBytes =
+      static_cast<int64_t>(sizeof(dispatch::cuda::AgreementReport));
+
   int64_t max_entries() const { return p_.max_received_tokens * p_.columns; }
 
   DispatcherProblem p_;
   Tensor table_;
   std::optional<ExchangeArrays> arrays_;
   std::vector<int64_t> pairs_out_, pairs_in_;  // host copies of the pairs
+  bool enqueued_;                              // enqueued_reduce(p_)
+  int64_t tokens_ = 0;                         // enqueued: the last batch's, for its report
+  Tensor reports_;  // enqueued: [size] AgreementReport, kept until synchronize() reads them
 };
 
 }  // namespace
