@@ -146,8 +146,8 @@ struct StandardScratch {
 // at synchronize(), and every rank sums max_tokens rows, whatever its batch, so that the sizes
 // of the exchanges never depend on a batch (a rank whose input failed joins with idle rows).
 bool enqueued_reduce(const DispatcherProblem& problem);
-// The reduce form's exchanges on the GPU: waited for, or enqueued where the batches are decode
-// batches (choose_a2a_mode), so that a CUDA graph captures them. Nothing elsewhere.
+// The reduce form's exchanges on the GPU: waited for, or, where --a2a-mode low-latency asks,
+// enqueued, so that a CUDA graph captures them. Nothing elsewhere.
 void standard_decide(Plan& plan);
 #ifdef MOEKIT_WITH_CUDA
 std::unique_ptr<Dispatcher> make_cuda_standard_dispatcher(const DispatcherProblem& problem);

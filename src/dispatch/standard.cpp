@@ -97,22 +97,26 @@ bool enqueued_reduce(const DispatcherProblem& problem) {
          problem.mode == A2AMode::low_latency;
 }
 
+// Enqueued only where asked: unlike the all-to-all's low-latency mode it has not run on a GPU
+// yet (its tests, CudaReduce and CudaRanks, wait for the next device session).
 void standard_decide(Plan& plan) {
   if (plan.comm != CommKind::nccl) return;
-  const A2AModeChoice choice = choose_a2a_mode(plan.options);
-  plan.a2a_mode = choice.mode;
-  const bool enqueued = choice.mode == A2AMode::low_latency;
+  const bool enqueued = plan.options.a2a_mode == A2AMode::low_latency;
+  plan.a2a_mode = enqueued ? A2AMode::low_latency : A2AMode::normal;
+  const std::string asked = plan.options.a2a_mode == A2AMode::auto_
+                                ? "auto: waited for (--a2a-mode low-latency enqueues them)"
+                                : "asked";
   plan.decisions.push_back(
       {PlanLayer::dispatcher,
        "reduce exchanges",
        enqueued ? "enqueued (low-latency): a CUDA graph captures them" : "waited for (normal)",
-       choice.reason +
-           (enqueued ? fmt::format("; the agreement is checked on the GPU and reported by "
-                                   "synchronize(), and every rank sums all {} rows of its buffer "
-                                   "whatever its batch, so no exchange's size depends on one",
-                                   plan.options.max_tokens)
-                     : std::string("; each exchange waits on the host against its deadline, and "
-                                   "the sum covers the batch's rows")),
+       asked + (enqueued
+                    ? fmt::format("; the agreement is checked on the GPU and reported by "
+                                  "synchronize(), and every rank sums all {} rows of its buffer "
+                                  "whatever its batch, so no exchange's size depends on one",
+                                  plan.options.max_tokens)
+                    : std::string("; each exchange waits on the host against its deadline, and "
+                                  "the sum covers the batch's rows")),
        {{enqueued ? "waited for" : "enqueued",
          enqueued ? "a host synchronisation in every forward, and no CUDA graph"
                   : "max_tokens rows summed whatever the batch"}},

@@ -214,18 +214,21 @@ TEST(CudaResolve, TheReduceFormAcrossGpuProcessesSumsOverNcclOrIsRefusedSayingWh
   }
 }
 
-TEST(CudaResolve, TheReduceFormOfDecodeBatchesEnqueuesItsExchangesAndOfPrefillWaits) {
-  if (!communicator_built(CommKind::nccl))
+TEST(CudaResolve, TheReduceFormWaitsForItsExchangesUnlessLowLatencyIsAsked) {
+  if (!communicator_built(CommKind::nccl)) {
     GTEST_SKIP() << communicator_absent_reason(CommKind::nccl);
-  for (const int64_t max_tokens : {128, 129}) {
-    SCOPED_TRACE(max_tokens);
+  }
+  for (const A2AMode asked : {A2AMode::auto_, A2AMode::normal, A2AMode::low_latency}) {
+    SCOPED_TRACE(a2a_mode_name(asked));
     Options options = reduce_form_on(1, 1);
-    options.max_tokens = max_tokens;
+    options.max_tokens = 16;
+    options.a2a_mode = asked;
     const Resolution r = try_resolve(small_dsv3(), options, two_gpus_launched(1));
     ASSERT_TRUE(r.plan.has_value()) << r.refusal;
-    const bool decode = max_tokens <= 128;
-    EXPECT_EQ(r.plan->a2a_mode, decode ? A2AMode::low_latency : A2AMode::normal);
-    expect_mentions(r.plan->explain(), {"reduce exchanges", decode ? "CUDA graph" : "waited for"});
+    const bool enqueued = asked == A2AMode::low_latency;
+    EXPECT_EQ(r.plan->a2a_mode, enqueued ? A2AMode::low_latency : A2AMode::normal);
+    expect_mentions(r.plan->explain(),
+                    {"reduce exchanges", enqueued ? "CUDA graph" : "waited for"});
   }
 }
 
