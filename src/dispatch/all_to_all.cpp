@@ -374,27 +374,12 @@ class AllToAllDispatcher final : public Dispatcher {
              first_step().name);
       }
       if (h.dtype != static_cast<int32_t>(dtype_)) {
-        fail(Errc::invalid_argument,
-             "rank {}: hidden states are {} here but {} on rank {}: every rank must pass the same "
-             "dtype",
-             me_, dtype_name(dtype_), dtype_name(static_cast<DType>(h.dtype)), r);
+        fail_dtype_mismatch(me_, dtype_, static_cast<DType>(h.dtype), r);
       }
       got_[r] = h.rows;
     }
-    if (!failed.empty()) {
-      fail(Errc::comm,
-           "rank {}: rank(s) {} refused their input (see their message) in step '{}'; no rows were "
-           "exchanged",
-           me_, failed, first_step().name);
-    }
-    // This rank's own rows first (packed there already), then every other rank's in rank order.
-    int64_t offset = got_[me_];
-    got_offset_[me_] = 0;
-    for (int r = 0; r < size_; ++r) {
-      if (r == me_) continue;
-      got_offset_[r] = offset;
-      offset += got_[r];
-    }
+    if (!failed.empty()) fail_refused_input(me_, failed, first_step().name);
+    rows_by_source(got_, me_, got_offset_);
   }
 
   // The pairs of every received row into the runner's (slot, weight) arrays, checked: a slot must
@@ -485,6 +470,31 @@ Capability all_to_all_supports_over(const Deployment& deployment, CommKind comm,
 
 Capability all_to_all_supports(const Deployment& deployment) {
   return all_to_all_supports_over(deployment, CommKind::mpi, "rank(s)");
+}
+
+void fail_refused_input(int me, const std::string& ranks, std::string_view step) {
+  fail(Errc::comm,
+       "rank {}: rank(s) {} refused their input (see their message) in step '{}'; no rows were "
+       "exchanged",
+       me, ranks, step);
+}
+
+void fail_dtype_mismatch(int me, DType mine, DType theirs, int rank) {
+  fail(Errc::invalid_argument,
+       "rank {}: hidden states are {} here but {} on rank {}: every rank must pass the same dtype",
+       me, dtype_name(mine), dtype_name(theirs), rank);
+}
+
+void rows_by_source(const std::vector<int64_t>& got, int me, std::vector<int64_t>& offsets) {
+  int64_t offset = got[static_cast<size_t>(me)];
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (static_cast<int>(r) == me) {
+      offsets[r] = 0;
+      continue;
+    }
+    offsets[r] = offset;
+    offset += got[r];
+  }
 }
 
 int64_t all_to_all_max_received_tokens(const Options& options) {

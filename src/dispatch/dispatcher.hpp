@@ -115,6 +115,13 @@ struct A2AWireChoice {
 A2AWireChoice choose_a2a_wire(const Options& options, const QuantParams& quant,
                               const Platform& platform);
 void all_to_all_decide(Plan& plan);
+// What the all-to-all dispatchers, on the CPU and the GPU alike, make of what each source rank
+// said it sends: the errors of a rank whose input failed or whose dtype differs, and where each
+// source's rows start in the runner's input (this rank's own first, then every other rank's in
+// rank order).
+[[noreturn]] void fail_refused_input(int me, const std::string& ranks, std::string_view step);
+[[noreturn]] void fail_dtype_mismatch(int me, DType mine, DType theirs, int rank);
+void rows_by_source(const std::vector<int64_t>& got, int me, std::vector<int64_t>& offsets);
 // The reduce form's first exchange, the standard dispatchers' on the CPU and the GPU alike: every
 // rank sends every rank its (status, tokens) pair before any rank computes, so that a rank whose
 // input failed, or whose tokens differ, fails every rank at once. prepare_agreement fills the

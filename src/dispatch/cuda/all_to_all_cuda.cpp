@@ -457,27 +457,12 @@ class CudaAllToAllDispatcher final : public Dispatcher {
              kCountStep);
       }
       if (h.dtype != static_cast<int32_t>(dtype_)) {
-        fail(Errc::invalid_argument,
-             "rank {}: hidden states are {} here but {} on rank {}: every rank must pass the same "
-             "dtype",
-             me_, dtype_name(dtype_), dtype_name(static_cast<DType>(h.dtype)), r);
+        fail_dtype_mismatch(me_, dtype_, static_cast<DType>(h.dtype), r);
       }
       got_[r] = h.rows;
     }
-    if (!failed.empty()) {
-      fail(Errc::comm,
-           "rank {}: rank(s) {} refused their input (see their message) in step '{}'; no rows were "
-           "exchanged",
-           me_, failed, kCountStep);
-    }
-    // This rank's own rows first (packed there), then every other rank's in rank order.
-    int64_t offset = got_[me_];
-    got_offset_[me_] = 0;
-    for (int r = 0; r < size_; ++r) {
-      if (r == me_) continue;
-      got_offset_[r] = offset;
-      offset += got_[r];
-    }
+    if (!failed.empty()) fail_refused_input(me_, failed, kCountStep);
+    rows_by_source(got_, me_, got_offset_);
   }
 
   // Rounds 2 and 3: `unit` bytes per row, from [size][max_tokens] rows per destination into the
